@@ -1,0 +1,145 @@
+"""What every connector shares: the source settings model and the fetch contract."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Protocol
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+ColumnType = Literal[
+    "text", "bigint", "integer", "double", "boolean", "timestamp", "json", "text[]", "bigint[]"
+]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string such as ``"90s"``, ``"5m"``, ``"1.5h"``.
+
+    >>> parse_duration("5m"), parse_duration(30), parse_duration("250ms")
+    (300.0, 30.0, 0.25)
+    """
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '5m'")
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a duration (use e.g. 30, '90s', '5m', '2h', '1d')")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _identifier(value: str) -> str:
+    if not IDENTIFIER.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name: use lowercase letters, digits and '_' (max 63)"
+        )
+    return value
+
+
+Identifier = Annotated[str, BeforeValidator(_identifier)]
+
+
+class ColumnSpec(BaseModel):
+    """One typed column of a source's table, read from a path in each record.
+
+    The path is dotted (``assignee.login``); ``[]`` maps over a list (``labels[].name``).
+    Without a path the column is read from the record's field of the same name.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: ColumnType = "text"
+    path: str | None = None
+
+
+def _column_shorthand(value: Any) -> Any:
+    # `title: text` is shorthand for `title: {type: text}`.
+    return {"type": value} if isinstance(value, str) else value
+
+
+class SourceBase(BaseModel):
+    """Settings every source declares, whatever its type."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Identifier
+    type: str
+    table: Identifier
+    primary_key: list[Identifier] = Field(min_length=1)
+    updated_at: Identifier | None = None
+    columns: dict[Identifier, Annotated[ColumnSpec, BeforeValidator(_column_shorthand)]]
+    # snapshot: every sync lists everything, so a missing key is a delete.
+    # incremental: every sync asks only for what changed since the stored cursor.
+    sync: Literal["snapshot", "incremental"] = "snapshot"
+    interval: Duration = 900.0
+    jitter: Duration = 0.0
+    cron: str | None = None
+    timezone: str = "UTC"
+    description: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _primary_key_as_list(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("primary_key"), str):
+            data = {**data, "primary_key": [data["primary_key"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _check_columns(self) -> SourceBase:
+        for key in self.primary_key:
+            if key not in self.columns:
+                raise ValueError(f"primary_key column {key!r} is not declared in columns")
+        if self.updated_at is not None:
+            if self.updated_at not in self.columns:
+                raise ValueError(f"updated_at column {self.updated_at!r} is not declared in columns")
+            if self.columns[self.updated_at].type != "timestamp":
+                raise ValueError(f"updated_at column {self.updated_at!r} must have type timestamp")
+        if self.sync == "incremental" and self.updated_at is None:
+            raise ValueError("an incremental source needs updated_at (the cursor column)")
+        reserved = [c for c in self.columns if c.startswith("_")]
+        if reserved:
+            raise ValueError(f"column names starting with '_' are reserved: {reserved}")
+        if self.interval <= 0:
+            raise ValueError("interval must be positive")
+        if self.jitter < 0 or self.jitter >= self.interval:
+            raise ValueError("jitter must be at least 0 and less than interval")
+        return self
+
+    def env_vars(self) -> list[str]:
+        """Names of the environment variables this source reads (secrets, never their values)."""
+        return []
+
+
+@dataclass
+class FetchResult:
+    """What one sync fetched: raw records in arrival order, and how it went."""
+
+    records: list[dict[str, Any]]
+    pages: int = 0
+    requests: int = 0
+    # True when `records` is the complete upstream listing, so absent keys are deletes.
+    complete: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Source(Protocol):
+    """A connector: turns its settings and the stored cursor into raw records."""
+
+    config: SourceBase
+
+    def fetch(self, *, cursor: str | None) -> FetchResult:
+        """Fetch records changed since ``cursor`` (an ISO-8601 timestamp), or all when None.
+
+        Raises ``sources.errors.SourceError`` (or a subclass) on failure; never returns partial
+        results for a failed walk, so a failed sync leaves the stored cursor where it was.
+        """
+        ...

@@ -1,0 +1,20 @@
+"""Errors raised by connectors.
+
+    SourceError
+     +-- FetchError          a request failed for good (after retries), names source and URL path
+     +-- PayloadError        a response could not be read as the records the source declares
+"""
+
+from __future__ import annotations
+
+
+class SourceError(Exception):
+    """Base class for every connector error."""
+
+
+class FetchError(SourceError):
+    """A request failed after the HTTP policy's retries ran out."""
+
+
+class PayloadError(SourceError):
+    """A response body was not the JSON shape the source declares."""

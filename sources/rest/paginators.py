@@ -1,0 +1,222 @@
+"""Pagination styles, each written once: which page to fetch first, and which next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from sources.errors import FetchError, PayloadError
+from sources.rest.config import (
+    CursorPagination,
+    LinkHeaderPagination,
+    NextUrlPagination,
+    NoPagination,
+    OffsetPagination,
+    PageNumberPagination,
+    PaginatorConfig,
+)
+
+MISSING: Any = object()
+
+
+def lookup(body: Any, path: str) -> Any:
+    """The value at dotted ``path`` (``data.items``, ``pages.0.next``) in ``body``, or MISSING."""
+    value = body
+    for part in path.split("."):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            return MISSING
+    return value
+
+
+def _absent(value: Any) -> bool:
+    return value is MISSING or value is None or value == ""
+
+
+def _count(body: Any, path: str) -> int:
+    value = lookup(body, path)
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+        raise PayloadError(f"{path!r} should be a whole number, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """One page to fetch: a URL and query params merged into its query string."""
+
+    url: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Paginator(Protocol):
+    """One walk over an endpoint's pages; make a new one per fetch (it keeps state)."""
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        """The first page's request."""
+        ...
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        """The request after ``page`` (given its response, decoded body and records), or None."""
+        ...
+
+
+class SinglePage:
+    """No pagination: one request."""
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        return PageRequest(url, params)
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        return None
+
+
+class PageNumber:
+    """``page=start, start+1, ...`` until a short/empty page or the reported page count."""
+
+    def __init__(self, config: PageNumberPagination) -> None:
+        self.config = config
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        c = self.config
+        params = {**params, c.page_param: c.start}
+        if c.page_size_param is not None:
+            params[c.page_size_param] = c.page_size
+        return PageRequest(url, params)
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        c = self.config
+        number = int(page.params[c.page_param])
+        if not records and c.stop_on_empty:
+            return None
+        if c.page_size is not None and len(records) < c.page_size:
+            return None
+        if c.total_pages_path is not None and number - c.start + 1 >= _count(
+            body, c.total_pages_path
+        ):
+            return None
+        return PageRequest(page.url, {**page.params, c.page_param: number + 1})
+
+
+class Offset:
+    """``offset=0, limit, 2*limit, ...`` until a short/empty page or the reported total."""
+
+    def __init__(self, config: OffsetPagination) -> None:
+        self.config = config
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        c = self.config
+        return PageRequest(url, {**params, c.offset_param: 0, c.limit_param: c.limit})
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        c = self.config
+        if len(records) < c.limit:
+            return None
+        offset = int(page.params[c.offset_param]) + len(records)
+        if c.total_path is not None and offset >= _count(body, c.total_path):
+            return None
+        return PageRequest(page.url, {**page.params, c.offset_param: offset})
+
+
+class _FollowUrls:
+    """Shared by styles that follow server-given URLs: refuses to fetch one URL twice."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        return self._visit(url, params)
+
+    def _visit(self, url: str, params: dict[str, Any]) -> PageRequest:
+        full = httpx.URL(url).copy_merge_params(params) if params else httpx.URL(url)
+        # Compare with the query sorted: a server may reorder parameters in its links.
+        key = (str(full.copy_with(query=None)), tuple(sorted(full.params.multi_items())))
+        if key in self._seen:
+            # Path only: a next link may carry credentials in its query string.
+            raise FetchError(f"pagination loop: the next page {full.path} was already fetched")
+        self._seen.add(key)
+        return PageRequest(url, params)
+
+
+class LinkHeader(_FollowUrls):
+    """Follow ``Link: <url>; rel="next"`` until there is none."""
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        link = response.links.get("next", {}).get("url")
+        if not link:
+            return None
+        return self._visit(str(response.url.join(link)), {})
+
+
+class NextUrl(_FollowUrls):
+    """Follow the URL at ``next_url_path`` in the body until it is missing or empty."""
+
+    def __init__(self, config: NextUrlPagination) -> None:
+        super().__init__()
+        self.config = config
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        link = lookup(body, self.config.next_url_path)
+        if _absent(link):
+            return None
+        if not isinstance(link, str):
+            raise PayloadError(f"{self.config.next_url_path!r} should be a URL, got {link!r}")
+        return self._visit(str(response.url.join(link)), {})
+
+
+class Cursor:
+    """Send the body's next cursor back as a query parameter until it is missing or empty."""
+
+    def __init__(self, config: CursorPagination) -> None:
+        self.config = config
+        self._seen: set[str] = set()
+
+    def first(self, url: str, params: dict[str, Any]) -> PageRequest:
+        return PageRequest(url, params)
+
+    def next(
+        self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
+    ) -> PageRequest | None:
+        c = self.config
+        cursor = lookup(body, c.cursor_path)
+        if _absent(cursor):
+            return None
+        if isinstance(cursor, bool) or not isinstance(cursor, str | int):
+            raise PayloadError(f"{c.cursor_path!r} should be a string, got {cursor!r}")
+        if str(cursor) in self._seen:
+            raise FetchError(f"pagination loop: cursor at {c.cursor_path!r} repeated")
+        self._seen.add(str(cursor))
+        return PageRequest(page.url, {**page.params, c.cursor_param: str(cursor)})
+
+
+def make_paginator(config: PaginatorConfig) -> Paginator:
+    """A fresh paginator (one per walk) for a ``paginator:`` setting."""
+    if isinstance(config, NoPagination):
+        return SinglePage()
+    if isinstance(config, PageNumberPagination):
+        return PageNumber(config)
+    if isinstance(config, OffsetPagination):
+        return Offset(config)
+    if isinstance(config, LinkHeaderPagination):
+        return LinkHeader()
+    if isinstance(config, NextUrlPagination):
+        return NextUrl(config)
+    if isinstance(config, CursorPagination):
+        return Cursor(config)
+    raise TypeError(f"unknown paginator {config!r}")

@@ -1,0 +1,13 @@
+-- A source's change log: one row per insert, update or delete, with typed old and new values
+-- of every declared column, so change filters are plain SQL over one table.
+CREATE TABLE IF NOT EXISTS {changes} (
+    change_id BIGINT PRIMARY KEY DEFAULT nextval('{sequence_name}'),
+    sync_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    object_key TEXT NOT NULL,
+    old_hash TEXT,
+    new_hash TEXT,
+    changed_columns TEXT[],
+    detected_at TIMESTAMPTZ NOT NULL,
+    {value_defs}
+)

@@ -1,0 +1,241 @@
+"""DuckDB and PostgreSQL connections behind one interface: statements, Arrow in and out."""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import polars as pl
+
+__all__ = [
+    "DEFAULT_URL",
+    "DuckDBWarehouse",
+    "PostgresWarehouse",
+    "Warehouse",
+    "WarehouseError",
+    "connect",
+    "describe_url",
+]
+
+DEFAULT_URL = "duckdb:///.changewatch/warehouse.duckdb"
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+class WarehouseError(Exception):
+    """The warehouse URL is wrong or the warehouse refused a statement."""
+
+
+class Warehouse(ABC):
+    """One connection, used by one thread; every write goes through ``transaction()``."""
+
+    dialect: str
+
+    @abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        """Run one statement."""
+
+    @abstractmethod
+    def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query and return its rows as tuples."""
+
+    @abstractmethod
+    def fetch_frame(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
+        """Run a query and return its result as a polars frame (via Arrow, no row loop)."""
+
+    @abstractmethod
+    def stage(self, name: str, frame: pl.DataFrame) -> None:
+        """Make ``frame`` queryable as table ``name`` on this connection, until ``unstage``."""
+
+    @abstractmethod
+    def unstage(self, name: str) -> None:
+        """Drop a staged frame."""
+
+    @abstractmethod
+    def lock(self, key: str) -> None:
+        """Hold an exclusive lock on ``key`` until the current transaction ends."""
+
+    @abstractmethod
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Commit on success, roll back on any exception."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection."""
+
+    def __enter__(self) -> Warehouse:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DuckDBWarehouse(Warehouse):
+    """A DuckDB file. One process may write it at a time (Dagster pools enforce that)."""
+
+    dialect = "duckdb"
+
+    def __init__(self, path: str | Path) -> None:
+        import duckdb
+
+        self.path = Path(path)
+        if str(self.path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._con = duckdb.connect(str(self.path))
+        except duckdb.IOException as error:
+            raise WarehouseError(f"cannot open DuckDB file {self.path}: {error}") from error
+        # Timestamps leave as UTC whatever the machine's zone, so both backends read the same.
+        self._con.execute("SET TimeZone = 'UTC'")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._con.execute(sql, list(params))
+
+    def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._con.execute(sql, list(params)).fetchall()
+
+    def fetch_frame(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
+        return pl.from_arrow(self._con.sql(sql, params=list(params)).to_arrow_table())
+
+    def stage(self, name: str, frame: pl.DataFrame) -> None:
+        # A registered Arrow view: DuckDB scans it in place, nothing is copied or written.
+        self._con.register(name, frame.to_arrow())
+
+    def unstage(self, name: str) -> None:
+        self._con.unregister(name)
+
+    def lock(self, key: str) -> None:
+        # DuckDB allows one writing process per file, so holding the file is the lock.
+        return None
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self._con.begin()
+        try:
+            yield
+        except BaseException:
+            self._con.rollback()
+            raise
+        self._con.commit()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+class PostgresWarehouse(Warehouse):
+    """A PostgreSQL database, reached with ADBC so frames move as Arrow over binary COPY."""
+
+    dialect = "postgres"
+
+    def __init__(self, url: str) -> None:
+        import adbc_driver_postgresql.dbapi as adbc
+
+        uri, schema = _split_schema(url)
+        try:
+            self._con = adbc.connect(uri)
+        except Exception as error:  # the driver raises its own hierarchy; name the host only
+            raise WarehouseError(
+                f"cannot connect to PostgreSQL at {describe_url(url)}: {error}"
+            ) from error
+        self._cur = self._con.cursor()
+        self.schema = schema
+        if schema:
+            self._cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            self._cur.execute(f'SET search_path TO "{schema}"')
+            self._con.commit()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self._cur.execute(sql, tuple(params) or None)
+
+    def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        self._cur.execute(sql, tuple(params) or None)
+        return self._cur.fetchall()
+
+    def fetch_frame(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
+        self._cur.execute(sql, tuple(params) or None)
+        return pl.from_arrow(self._cur.fetch_arrow_table())
+
+    def stage(self, name: str, frame: pl.DataFrame) -> None:
+        self._cur.adbc_ingest(name, frame.to_arrow(), mode="create", temporary=True)
+
+    def unstage(self, name: str) -> None:
+        self._cur.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')
+
+    def lock(self, key: str) -> None:
+        self._cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (key,))
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        # ADBC connections start with autocommit off: everything until commit is one transaction.
+        try:
+            yield
+        except BaseException:
+            self._con.rollback()
+            raise
+        self._con.commit()
+
+    def close(self) -> None:
+        self._cur.close()
+        self._con.close()
+
+
+def connect(url: str | None = None) -> Warehouse:
+    """Open the warehouse at ``url`` (or ``$CHANGEWATCH_WAREHOUSE_URL``, or the DuckDB default).
+
+    ``duckdb:///relative/path.duckdb``, ``duckdb:////absolute/path.duckdb`` or a bare path
+    ending in ``.duckdb`` open DuckDB; ``postgresql://...`` opens PostgreSQL, where an extra
+    ``schema=name`` query parameter selects (and creates) the schema used.
+    """
+    url = url or os.environ.get("CHANGEWATCH_WAREHOUSE_URL") or DEFAULT_URL
+    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
+        return PostgresWarehouse(url.replace("postgresql+psycopg2://", "postgresql://", 1))
+    return DuckDBWarehouse(duckdb_path(url))
+
+
+def duckdb_path(url: str) -> Path:
+    """File path of a DuckDB URL.
+
+    >>> str(duckdb_path("duckdb:///data/w.duckdb")), str(duckdb_path("duckdb:////tmp/w.duckdb"))
+    ('data/w.duckdb', '/tmp/w.duckdb')
+    """
+    if url.startswith("duckdb:///"):
+        return Path(url[len("duckdb:///") :])
+    if "://" in url:
+        raise WarehouseError(
+            f"unsupported warehouse URL scheme in {describe_url(url)!r}: "
+            "use duckdb:///path.duckdb or postgresql://user@host/db"
+        )
+    return Path(url)
+
+
+def describe_url(url: str) -> str:
+    """The URL without its password, safe for logs and metadata.
+
+    >>> describe_url("postgresql://app:s3cret@db:5432/prod?schema=cw")
+    'postgresql://app@db:5432/prod?schema=cw'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.hostname or ""
+    if parts.username:
+        netloc = f"{parts.username}@{netloc}"
+    if parts.port:
+        netloc = f"{netloc}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _split_schema(url: str) -> tuple[str, str | None]:
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query)
+    schema = next((value for key, value in query if key == "schema"), None)
+    if schema is not None and not _SCHEMA.match(schema):
+        raise WarehouseError(f"schema {schema!r} in the warehouse URL is not a plain identifier")
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema

@@ -1,0 +1,96 @@
+"""Creates and evolves the tables a source needs: its table, its change log, bookkeeping."""
+
+from __future__ import annotations
+
+from sources.base import SourceBase
+from warehouse.backends import Warehouse
+from warehouse.statements import quote, render
+
+__all__ = ["SQL_TYPES", "changes_table", "ensure_bookkeeping", "ensure_source_tables"]
+
+SQL_TYPES = {
+    "text": "TEXT",
+    "bigint": "BIGINT",
+    "integer": "INTEGER",
+    "double": "DOUBLE PRECISION",
+    "boolean": "BOOLEAN",
+    "timestamp": "TIMESTAMPTZ",
+    "json": "JSON",
+    "text[]": "TEXT[]",
+    "bigint[]": "BIGINT[]",
+}
+
+
+def changes_table(table: str) -> str:
+    """Name of a table's change log.
+
+    >>> changes_table("issues")
+    'issues_changes'
+    """
+    return f"{table}_changes"
+
+
+def ensure_bookkeeping(wh: Warehouse) -> None:
+    """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
+    for name in ("create_sync_state", "create_sync_runs"):
+        wh.execute(render(name, wh.dialect))
+
+
+def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
+    """Create the source's table and change log, adding declared columns they lack.
+
+    Returns the columns added to existing tables (empty on creation or when nothing changed).
+    """
+    table, changes = config.table, changes_table(config.table)
+    sequence = f"{changes}_seq"
+    column_defs = ", ".join(
+        f"{quote(name)} {SQL_TYPES[spec.type]}" for name, spec in config.columns.items()
+    )
+    value_defs = ", ".join(
+        f"{quote(prefix + name)} {SQL_TYPES[spec.type]}"
+        for name, spec in config.columns.items()
+        for prefix in ("old_", "new_")
+    )
+    wh.execute(
+        render(
+            "create_entity",
+            wh.dialect,
+            table=quote(table),
+            column_defs=column_defs,
+            primary_key=", ".join(quote(k) for k in config.primary_key),
+        )
+    )
+    wh.execute(render("create_changes_sequence", wh.dialect, sequence=quote(sequence)))
+    wh.execute(
+        render(
+            "create_changes",
+            wh.dialect,
+            changes=quote(changes),
+            sequence_name=sequence,
+            value_defs=value_defs,
+        )
+    )
+    added = _add_missing_columns(wh, table, {n: s.type for n, s in config.columns.items()})
+    _add_missing_columns(
+        wh,
+        changes,
+        {p + n: s.type for n, s in config.columns.items() for p in ("old_", "new_")},
+    )
+    return added
+
+
+def _add_missing_columns(wh: Warehouse, table: str, wanted: dict[str, str]) -> list[str]:
+    # A column declared after the table was created: add it (NULL for existing rows) rather
+    # than fail, so editing config never requires dropping synced data.
+    present = {
+        row[0]
+        for row in wh.fetch(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = $1 AND table_schema = current_schema()",
+            (table,),
+        )
+    }
+    missing = [name for name in wanted if name not in present]
+    for name in missing:
+        wh.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(name)} {SQL_TYPES[wanted[name]]}")
+    return missing

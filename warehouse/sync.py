@@ -1,0 +1,408 @@
+"""One sync of one source: fetch, normalize, diff against the table, commit rows + changes + cursor.
+
+The diff is columnar (a polars join on primary key and content hash); the write is one
+transaction holding the new rows, the change-log entries, the cursor and the run record, so a
+sync either lands whole or not at all and can simply be run again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+
+from sources.base import FetchResult, Source, SourceBase
+from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN, normalize
+from warehouse.backends import Warehouse
+from warehouse.schema import changes_table, ensure_bookkeeping, ensure_source_tables
+from warehouse.statements import quote, render
+
+__all__ = ["SyncStats", "apply_sync", "diff", "format_cursor", "run_sync"]
+
+_OLD_HASH = "old_hash"
+_NEW_HASH = "new_hash"
+
+
+@dataclass
+class SyncStats:
+    """What one sync did; every field is also materialization metadata."""
+
+    source: str
+    sync_id: str
+    status: str = "running"
+    pages: int = 0
+    requests: int = 0
+    rows_fetched: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    row_count: int = 0
+    cursor_before: str | None = None
+    cursor_after: str | None = None
+    columns_added: tuple[str, ...] = ()
+    duration_s: float = 0.0
+
+    @property
+    def changed(self) -> int:
+        return self.inserted + self.updated + self.deleted
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"changed": self.changed}
+
+
+def format_cursor(value: datetime | None) -> str | None:
+    """ISO-8601 text of a cursor timestamp, in UTC with a ``Z``.
+
+    >>> format_cursor(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
+    '2026-01-02T03:04:05Z'
+    """
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat()
+    return text.replace("+00:00", "Z")
+
+
+def run_sync(
+    wh: Warehouse,
+    source: Source,
+    *,
+    dagster_run_id: str | None = None,
+    now: datetime | None = None,
+) -> SyncStats:
+    """Sync ``source`` into ``wh`` once and return what happened.
+
+    Records the attempt in ``sync_runs`` first (its own transaction), fetches from the stored
+    cursor, then applies everything in one transaction. On failure the attempt is marked
+    failed and the exception propagates; nothing of the failed sync is stored.
+    """
+    config = source.config
+    started = time.perf_counter()
+    started_at = now or datetime.now(UTC)
+    sync_id = f"{config.name}-{started_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    with wh.transaction():
+        ensure_bookkeeping(wh)
+        columns_added = ensure_source_tables(wh, config)
+        cursor = _stored_cursor(wh, config)
+        wh.execute(
+            render("insert_sync_runs", wh.dialect),
+            (sync_id, config.name, dagster_run_id, started_at, cursor),
+        )
+        wh.execute(render("abandon_sync_runs", wh.dialect), (config.name, sync_id))
+    stats = SyncStats(
+        source=config.name, sync_id=sync_id, cursor_before=cursor,
+        columns_added=tuple(columns_added),
+    )
+    try:
+        fetched = source.fetch(cursor=cursor)
+        frame = normalize(fetched.records, config, synced_at=started_at)
+        apply_sync(wh, config, frame, fetched, stats, started=started)
+    except BaseException as error:
+        _record_failure(wh, stats, error)
+        raise
+    return stats
+
+
+def apply_sync(
+    wh: Warehouse,
+    config: SourceBase,
+    frame: pl.DataFrame,
+    fetched: FetchResult,
+    stats: SyncStats,
+    *,
+    started: float | None = None,
+) -> SyncStats:
+    """Diff ``frame`` against the stored table and commit rows, changes and cursor at once.
+
+    ``frame`` is the output of ``sources.normalize.normalize``. Deletes are inferred only when
+    ``fetched.complete`` (the fetch listed everything). Updates ``stats`` in place.
+    """
+    started = time.perf_counter() if started is None else started
+    keys = config.primary_key
+    stats.pages, stats.requests = fetched.pages, fetched.requests
+    stats.rows_fetched = len(fetched.records)
+    finished_at = datetime.now(UTC)
+    with wh.transaction():
+        # Two syncs of one source must not interleave their read-diff-write; Dagster's tag
+        # limit keeps them apart, and this lock holds even for runs started outside Dagster.
+        wh.lock(f"changewatch:sync:{config.name}")
+        stored = _stored_hashes(wh, config, frame, complete=fetched.complete)
+        changes = diff(frame.select(*keys, HASH_COLUMN), stored, keys, complete=fetched.complete)
+        counts = changes.get_column("kind").value_counts()
+        by_kind = dict(zip(counts["kind"].to_list(), counts["count"].to_list(), strict=True))
+        stats.inserted = by_kind.get("insert", 0)
+        stats.updated = by_kind.get("update", 0)
+        stats.deleted = by_kind.get("delete", 0)
+        stats.unchanged = frame.height - stats.inserted - stats.updated
+        if changes.height:
+            _write_changes(wh, config, frame, changes, stats.sync_id, finished_at)
+        cursor_after = _next_cursor(stats.cursor_before, frame, config)
+        previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
+        if fetched.complete or not previous or previous[0][1] is None:
+            stats.row_count = _count(wh, config)
+        else:
+            stats.row_count = previous[0][1] + stats.inserted - stats.deleted
+        stats.cursor_after = cursor_after
+        stats.status = "succeeded"
+        stats.duration_s = round(time.perf_counter() - started, 3)
+        wh.execute(
+            render("upsert_sync_state", wh.dialect),
+            (config.name, config.table, cursor_after, stats.sync_id, finished_at, stats.row_count),
+        )
+        wh.execute(render("finish_sync_runs", wh.dialect), _finish_params(stats, finished_at, None))
+    return stats
+
+
+def diff(
+    fetched: pl.DataFrame, stored: pl.DataFrame, keys: list[str], *, complete: bool
+) -> pl.DataFrame:
+    """Classify keys as insert/update/delete by comparing content hashes.
+
+    ``fetched`` and ``stored`` hold the key columns and ``_content_hash``. Returns the changed
+    keys with ``kind``, ``old_hash`` and ``new_hash``; unchanged keys are left out, and
+    stored keys missing from ``fetched`` count as deletes only when ``complete``.
+
+    >>> new = pl.DataFrame({"id": [1, 2, 3], "_content_hash": ["a", "B", "c"]})
+    >>> old = pl.DataFrame({"id": [2, 3, 4], "_content_hash": ["b", "c", "d"]})
+    >>> diff(new, old, ["id"], complete=True).sort("id").rows()
+    [(1, 'insert', None, 'a'), (2, 'update', 'b', 'B'), (4, 'delete', 'd', None)]
+    """
+    stored = stored.select(
+        *(pl.col(k).cast(fetched.schema[k]) for k in keys), pl.col(HASH_COLUMN).alias(_OLD_HASH)
+    )
+    joined = fetched.rename({HASH_COLUMN: _NEW_HASH}).join(
+        stored, on=keys, how="full" if complete else "left", coalesce=True
+    )
+    kind = (
+        pl.when(pl.col(_OLD_HASH).is_null())
+        .then(pl.lit("insert"))
+        .when(pl.col(_NEW_HASH).is_null())
+        .then(pl.lit("delete"))
+        .when(pl.col(_OLD_HASH) != pl.col(_NEW_HASH))
+        .then(pl.lit("update"))
+    )
+    return (
+        joined.with_columns(kind.alias("kind"))
+        .filter(pl.col("kind").is_not_null())
+        .select(*keys, "kind", _OLD_HASH, _NEW_HASH)
+    )
+
+
+def _stored_hashes(
+    wh: Warehouse, config: SourceBase, frame: pl.DataFrame, *, complete: bool
+) -> pl.DataFrame:
+    table = quote(config.table)
+    if complete:
+        keys = ", ".join(quote(k) for k in config.primary_key)
+        return wh.fetch_frame(render("select_hashes_entity", wh.dialect, table=table, primary_key=keys))
+    # Incremental: look up only the fetched keys, so cost follows what the API returned.
+    with _staged(wh, "cw_fetched_keys", frame.select(config.primary_key)) as stage:
+        return wh.fetch_frame(
+            render(
+                "select_hashes_entity_staged",
+                wh.dialect,
+                table=table,
+                stage=stage,
+                t_primary_key=", ".join(f"t.{quote(k)}" for k in config.primary_key),
+                key_join=_key_join(config.primary_key),
+            )
+        )
+
+
+def _write_changes(
+    wh: Warehouse,
+    config: SourceBase,
+    frame: pl.DataFrame,
+    changes: pl.DataFrame,
+    sync_id: str,
+    detected_at: datetime,
+) -> None:
+    keys, columns = config.primary_key, list(config.columns)
+    table = quote(config.table)
+    touched = changes.filter(pl.col("kind") != "insert").select(keys)
+    old_rows = pl.DataFrame()
+    if touched.height:
+        with _staged(wh, "cw_touched_keys", touched) as stage:
+            old_rows = wh.fetch_frame(
+                render(
+                    "select_rows_entity_staged",
+                    wh.dialect,
+                    table=table,
+                    stage=stage,
+                    key_join=_key_join(keys),
+                    columns=", ".join(
+                        # JSON leaves as text: Arrow has no portable JSON type.
+                        f"CAST(t.{quote(c)} AS TEXT) AS {quote(c)}"
+                        if config.columns[c].type == "json"
+                        else f"t.{quote(c)}"
+                        for c in columns
+                    ),
+                )
+            )
+            wh.execute(
+                render("delete_entity_staged", wh.dialect, table=table, stage=stage,
+                       key_join=_key_join(keys))
+            )
+    upserts = frame.join(changes.filter(pl.col("kind") != "delete").select(keys), on=keys)
+    if upserts.height:
+        with _staged(wh, "cw_upserts", upserts) as stage:
+            wh.execute(
+                render(
+                    "insert_entity_staged",
+                    wh.dialect,
+                    table=table,
+                    stage=stage,
+                    columns=", ".join(quote(c) for c in columns),
+                    select_columns=_select_list(config, columns),
+                )
+            )
+    log = _change_rows(config, frame, old_rows, changes, sync_id, detected_at)
+    value_columns = [p + c for c in columns for p in ("old_", "new_")]
+    with _staged(wh, "cw_changes", log) as stage:
+        wh.execute(
+            render(
+                "insert_changes_staged",
+                wh.dialect,
+                changes=quote(changes_table(config.table)),
+                stage=stage,
+                value_columns=", ".join(quote(c) for c in value_columns),
+                select_values=_select_list(
+                    config, value_columns, types={p + c: config.columns[c].type
+                                                  for c in columns for p in ("old_", "new_")}
+                ),
+            )
+        )
+
+
+def _change_rows(
+    config: SourceBase,
+    frame: pl.DataFrame,
+    old_rows: pl.DataFrame,
+    changes: pl.DataFrame,
+    sync_id: str,
+    detected_at: datetime,
+) -> pl.DataFrame:
+    """One change-log row per changed key, with typed old_* and new_* values side by side."""
+    keys, columns = config.primary_key, list(config.columns)
+    new_values = frame.select(*keys, *(pl.col(c).alias(f"new_{c}") for c in columns if c not in keys))
+    log = changes.join(new_values, on=keys, how="left")
+    if old_rows.height:
+        old_values = old_rows.select(
+            *(pl.col(k).cast(frame.schema[k]) for k in keys),
+            *(pl.col(c).cast(frame.schema[c]).alias(f"old_{c}") for c in columns if c not in keys),
+        )
+        log = log.join(old_values, on=keys, how="left")
+    else:
+        log = log.with_columns(
+            pl.lit(None, dtype=frame.schema[c]).alias(f"old_{c}") for c in columns if c not in keys
+        )
+    # Key columns never change; both sides carry the key so filters can use old_x and new_x.
+    log = log.with_columns(
+        *(pl.when(pl.col("kind") != "insert").then(pl.col(k)).alias(f"old_{k}") for k in keys),
+        *(pl.when(pl.col("kind") != "delete").then(pl.col(k)).alias(f"new_{k}") for k in keys),
+    )
+    is_update = pl.col("kind") == "update"
+    changed = pl.concat_list(
+        pl.when(~is_update | pl.col(f"old_{c}").ne_missing(pl.col(f"new_{c}"))).then(pl.lit(c))
+        for c in columns
+    ).list.drop_nulls()
+    if len(keys) == 1:
+        object_key = pl.col(keys[0]).cast(pl.String)
+    else:
+        object_key = pl.struct(keys).struct.json_encode()
+    order = [f"new_{config.updated_at}", f"old_{config.updated_at}"] if config.updated_at else []
+    return (
+        log.with_columns(
+            pl.lit(sync_id).alias("sync_id"),
+            object_key.alias("object_key"),
+            changed.alias("changed_columns"),
+            pl.lit(detected_at).cast(pl.Datetime("us", "UTC")).alias("detected_at"),
+        )
+        .sort([*order, "object_key"], nulls_last=True)
+        .with_row_index("_order")
+        .select(
+            "_order", "sync_id", "kind", "object_key", _OLD_HASH, _NEW_HASH,
+            "changed_columns", "detected_at",
+            *(f"{p}{c}" for c in columns for p in ("old_", "new_")),
+        )
+    )
+
+
+def _select_list(
+    config: SourceBase, columns: list[str], *, types: dict[str, str] | None = None
+) -> str:
+    # JSON columns travel as text in Arrow and are cast on the way in.
+    types = types or {name: spec.type for name, spec in config.columns.items()}
+    return ", ".join(
+        f"CAST({quote(c)} AS JSON)" if types.get(c) == "json" else quote(c) for c in columns
+    )
+
+
+def _key_join(keys: list[str]) -> str:
+    return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+
+
+class _staged:
+    """Context manager staging a frame as a temporary table on the warehouse connection."""
+
+    def __init__(self, wh: Warehouse, name: str, frame: pl.DataFrame) -> None:
+        self.wh, self.name, self.frame = wh, name, frame
+
+    def __enter__(self) -> str:
+        self.wh.stage(self.name, self.frame)
+        return quote(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.wh.unstage(self.name)
+
+
+def _stored_cursor(wh: Warehouse, config: SourceBase) -> str | None:
+    rows = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
+    return rows[0][0] if rows else None
+
+
+def _next_cursor(before: str | None, frame: pl.DataFrame, config: SourceBase) -> str | None:
+    """The newest updated-at seen so far: the cursor never moves backwards."""
+    if config.updated_at is None or frame.is_empty():
+        return before
+    newest = frame.get_column(config.updated_at).max()
+    if newest is None:
+        return before
+    candidate = format_cursor(newest)  # type: ignore[arg-type]
+    if before is None:
+        return candidate
+    return max(before, candidate, key=lambda c: datetime.fromisoformat(c))
+
+
+def _count(wh: Warehouse, config: SourceBase) -> int:
+    return wh.fetch(render("count_entity", wh.dialect, table=quote(config.table)))[0][0]
+
+
+def _finish_params(stats: SyncStats, finished_at: datetime, error: str | None) -> tuple:
+    return (
+        stats.sync_id, finished_at, stats.status, stats.pages, stats.requests,
+        stats.rows_fetched, stats.inserted, stats.updated, stats.deleted, stats.unchanged,
+        stats.cursor_after, error,
+    )
+
+
+def _record_failure(wh: Warehouse, stats: SyncStats, error: BaseException) -> None:
+    """Mark the attempt failed; the data transaction already rolled back."""
+    stats.status = "failed"
+    message = f"{type(error).__name__}: {error}"[:2000]
+    try:
+        with wh.transaction():
+            wh.execute(
+                render("finish_sync_runs", wh.dialect),
+                _finish_params(stats, datetime.now(UTC), message),
+            )
+    except Exception:  # noqa: BLE001 - the original error matters more than the bookkeeping
+        pass
+
+
+# Column names the sync adds to every source table, for readers of the tables.
+BOOKKEEPING_COLUMNS = (HASH_COLUMN, SYNCED_AT_COLUMN, RAW_COLUMN)
