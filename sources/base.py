@@ -100,7 +100,9 @@ class SourceBase(BaseModel):
                 raise ValueError(f"primary_key column {key!r} is not declared in columns")
         if self.updated_at is not None:
             if self.updated_at not in self.columns:
-                raise ValueError(f"updated_at column {self.updated_at!r} is not declared in columns")
+                raise ValueError(
+                    f"updated_at column {self.updated_at!r} is not declared in columns"
+                )
             if self.columns[self.updated_at].type != "timestamp":
                 raise ValueError(f"updated_at column {self.updated_at!r} must have type timestamp")
         if self.sync == "incremental" and self.updated_at is None:

@@ -1,8 +1,8 @@
 """Errors raised by connectors.
 
-    SourceError
-     +-- FetchError          a request failed for good (after retries), names source and URL path
-     +-- PayloadError        a response could not be read as the records the source declares
+SourceError
+ +-- FetchError          a request failed for good (after retries), names source and URL path
+ +-- PayloadError        a response could not be read as the records the source declares
 """
 
 from __future__ import annotations

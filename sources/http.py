@@ -156,7 +156,11 @@ class HttpClient:
                 wait = policy.backoff(attempt, self._rng)
             log.warning(
                 "%s: %s; retry %d of %d in %.1fs",
-                what, problem, attempt, policy.max_retries, wait,
+                what,
+                problem,
+                attempt,
+                policy.max_retries,
+                wait,
             )
             self._sleep(wait)
 

@@ -170,7 +170,9 @@ def normalize(
             # Sub-documents stay JSON text with sorted keys, so key order upstream is not a
             # change; rare enough that a per-record dump is fine.
             values = [
-                None if (v := _json_value(r, json_columns[name])) is None else orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
+                None
+                if (v := _json_value(r, json_columns[name])) is None
+                else orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
                 for r in records
             ]
             exprs.append(pl.Series(name, values, dtype=pl.Binary).cast(pl.String).alias(name))
@@ -233,7 +235,8 @@ def _parse_timestamps(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:
     if not names:
         return frame
     parsed = frame.with_columns(
-        pl.col(name).str.to_datetime(time_zone="UTC", time_unit="us", strict=False)
+        pl.col(name)
+        .str.to_datetime(time_zone="UTC", time_unit="us", strict=False)
         .alias(f"_parsed_{name}")
         for name in names
     )

@@ -94,7 +94,9 @@ def run_sync(
         )
         wh.execute(render("abandon_sync_runs", wh.dialect), (config.name, sync_id))
     stats = SyncStats(
-        source=config.name, sync_id=sync_id, cursor_before=cursor,
+        source=config.name,
+        sync_id=sync_id,
+        cursor_before=cursor,
         columns_added=tuple(columns_added),
     )
     try:
@@ -198,7 +200,9 @@ def _stored_hashes(
     table = quote(config.table)
     if complete:
         keys = ", ".join(quote(k) for k in config.primary_key)
-        return wh.fetch_frame(render("select_hashes_entity", wh.dialect, table=table, primary_key=keys))
+        return wh.fetch_frame(
+            render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
+        )
     # Incremental: look up only the fetched keys, so cost follows what the API returned.
     with _staged(wh, "cw_fetched_keys", frame.select(config.primary_key)) as stage:
         return wh.fetch_frame(
@@ -244,8 +248,13 @@ def _write_changes(
                 )
             )
             wh.execute(
-                render("delete_entity_staged", wh.dialect, table=table, stage=stage,
-                       key_join=_key_join(keys))
+                render(
+                    "delete_entity_staged",
+                    wh.dialect,
+                    table=table,
+                    stage=stage,
+                    key_join=_key_join(keys),
+                )
             )
     upserts = frame.join(changes.filter(pl.col("kind") != "delete").select(keys), on=keys)
     if upserts.height:
@@ -271,8 +280,11 @@ def _write_changes(
                 stage=stage,
                 value_columns=", ".join(quote(c) for c in value_columns),
                 select_values=_select_list(
-                    config, value_columns, types={p + c: config.columns[c].type
-                                                  for c in columns for p in ("old_", "new_")}
+                    config,
+                    value_columns,
+                    types={
+                        p + c: config.columns[c].type for c in columns for p in ("old_", "new_")
+                    },
                 ),
             )
         )
@@ -288,7 +300,9 @@ def _change_rows(
 ) -> pl.DataFrame:
     """One change-log row per changed key, with typed old_* and new_* values side by side."""
     keys, columns = config.primary_key, list(config.columns)
-    new_values = frame.select(*keys, *(pl.col(c).alias(f"new_{c}") for c in columns if c not in keys))
+    new_values = frame.select(
+        *keys, *(pl.col(c).alias(f"new_{c}") for c in columns if c not in keys)
+    )
     log = changes.join(new_values, on=keys, how="left")
     if old_rows.height:
         old_values = old_rows.select(
@@ -325,8 +339,14 @@ def _change_rows(
         .sort([*order, "object_key"], nulls_last=True)
         .with_row_index("_order")
         .select(
-            "_order", "sync_id", "kind", "object_key", _OLD_HASH, _NEW_HASH,
-            "changed_columns", "detected_at",
+            "_order",
+            "sync_id",
+            "kind",
+            "object_key",
+            _OLD_HASH,
+            _NEW_HASH,
+            "changed_columns",
+            "detected_at",
             *(f"{p}{c}" for c in columns for p in ("old_", "new_")),
         )
     )
@@ -384,9 +404,18 @@ def _count(wh: Warehouse, config: SourceBase) -> int:
 
 def _finish_params(stats: SyncStats, finished_at: datetime, error: str | None) -> tuple:
     return (
-        stats.sync_id, finished_at, stats.status, stats.pages, stats.requests,
-        stats.rows_fetched, stats.inserted, stats.updated, stats.deleted, stats.unchanged,
-        stats.cursor_after, error,
+        stats.sync_id,
+        finished_at,
+        stats.status,
+        stats.pages,
+        stats.requests,
+        stats.rows_fetched,
+        stats.inserted,
+        stats.updated,
+        stats.deleted,
+        stats.unchanged,
+        stats.cursor_after,
+        error,
     )
 
 

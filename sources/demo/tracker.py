@@ -27,13 +27,33 @@ TICK = 60  # seconds the logical clock advances per mutated issue
 
 _VERBS = ("Fix", "Improve", "Document", "Refactor", "Investigate", "Speed up", "Test", "Remove")
 _SUBJECTS = (
-    "the CSV exporter", "login redirects", "rate limiting", "the search index", "webhook retries",
-    "pagination", "the settings page", "timezone handling", "the CLI installer", "dark mode",
-    "memory usage", "the REST client", "email digests", "audit logging", "the sync scheduler",
+    "the CSV exporter",
+    "login redirects",
+    "rate limiting",
+    "the search index",
+    "webhook retries",
+    "pagination",
+    "the settings page",
+    "timezone handling",
+    "the CLI installer",
+    "dark mode",
+    "memory usage",
+    "the REST client",
+    "email digests",
+    "audit logging",
+    "the sync scheduler",
 )
 _QUALIFIERS = (
-    "", "", "", " on Windows", " for large repos", " after upgrade", " in the dashboard",
-    " when the config is empty", " under load", " with unicode names",
+    "",
+    "",
+    "",
+    " on Windows",
+    " for large repos",
+    " after upgrade",
+    " in the dashboard",
+    " when the config is empty",
+    " under load",
+    " with unicode names",
 )
 _BODIES = (
     "Steps to reproduce are in the attached log.",
@@ -256,7 +276,7 @@ class DemoTracker:
                     clock = updated
             self._issues[number] = issue
             self._store(number, updated)
-            created += 60 + int(rng.random() * 7140)  # the next one opens 1 min to 2 h later
+            created += 60 + int(rng.random() * 1140)  # the next one opens 1 to 20 minutes later
         return clock
 
     def _new_issue(self, number: int, rng: random.Random, created: int) -> dict[str, Any]:
@@ -310,9 +330,7 @@ class DemoTracker:
         self._blobs[number] = orjson.dumps(self._issues[number])
         self._updated[number] = updated
 
-    def _view(
-        self, state: str, sort: str, direction: str, since: int | None
-    ) -> tuple[int, ...]:
+    def _view(self, state: str, sort: str, direction: str, since: int | None) -> tuple[int, ...]:
         """Issue numbers matching a query, in order; cached until the next mutation."""
         key = (state, sort, direction, since)
         order = self._views.get(key)
@@ -347,8 +365,8 @@ def _pick(options: tuple[str, ...], roll: float) -> str:
 def _pick_labels(roll: float) -> list[dict[str, str]]:
     """No label (35%), one (45%) or two (20%), in the fixed order of ``LABELS``.
 
-    >>> _pick_labels(0.1), _pick_labels(0.5)
-    ([], [{'name': 'bug'}])
+    >>> _pick_labels(0.1), _pick_labels(0.5), _pick_labels(0.9)
+    ([], [{'name': 'enhancement'}], [{'name': 'docs'}, {'name': 'security'}])
     """
     if roll < 0.35:
         return []

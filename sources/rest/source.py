@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,7 +53,8 @@ class RestSource:
         config = self.config
         params: dict[str, Any] = dict(config.params)
         if config.sync == "incremental" and cursor and config.incremental is not None:
-            params[config.incremental.param] = cursor_param(cursor, config.incremental)
+            with self._context():
+                params[config.incremental.param] = cursor_param(cursor, config.incremental)
         paginator = make_paginator(config.paginator)
         request: PageRequest | None = paginator.first(config.url, params)
         records: list[dict[str, Any]] = []
@@ -64,7 +66,8 @@ class RestSource:
                         f"source {config.name!r}: more than page_limit={config.page_limit} "
                         "pages; raise the limit rather than sync a truncated listing"
                     )
-                headers, auth_params = credentials(config.auth)
+                with self._context():
+                    headers, auth_params = credentials(config.auth)
                 response = client.get(
                     request.url,
                     params={**request.params, **auth_params},
@@ -74,10 +77,8 @@ class RestSource:
                 body = self._decode(response, pages)
                 page_records = self._records(body, pages)
                 records.extend(page_records)
-                try:
+                with self._context(pages):
                     request = paginator.next(request, response, body, page_records)
-                except SourceError as exc:
-                    raise type(exc)(f"source {config.name!r}, page {pages}: {exc}") from exc
             requests = client.requests
         return FetchResult(
             records=records,
@@ -85,6 +86,15 @@ class RestSource:
             requests=requests,
             complete=config.sync == "snapshot",
         )
+
+    @contextmanager
+    def _context(self, page: int | None = None) -> Iterator[None]:
+        # Name the source (and page) in errors raised by helpers that don't know them.
+        try:
+            yield
+        except SourceError as exc:
+            where = f"source {self.config.name!r}" + (f", page {page}" if page else "")
+            raise type(exc)(f"{where}: {exc}") from exc
 
     def _decode(self, response: httpx.Response, page: int) -> Any:
         try:
@@ -121,9 +131,7 @@ def _kind(value: Any) -> str:
     )
 
 
-def build_rest_source(
-    config: RestSourceConfig | Mapping[str, Any], **options: Any
-) -> RestSource:
+def build_rest_source(config: RestSourceConfig | Mapping[str, Any], **options: Any) -> RestSource:
     """A ``RestSource`` from a validated config or a raw mapping (validated here)."""
     if not isinstance(config, RestSourceConfig):
         config = RestSourceConfig.model_validate(config)

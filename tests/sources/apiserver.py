@@ -61,7 +61,10 @@ class ApiServer:
         self._handlers: dict[str, Handler] = {}
         self._lock = threading.Lock()
         self._server = _Server(("127.0.0.1", 0), self._handler_class())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll interval keeps shutdown (once per test) fast.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
 
     def __enter__(self) -> ApiServer:
         self._thread.start()

@@ -114,9 +114,7 @@ def test_gives_up_after_max_retries_naming_path_and_status_only(api):
     delays: list[float] = []
     with make_client(delays, max_retries=2) as client:
         with pytest.raises(FetchError) as info:
-            client.get(
-                api.url("/flaky"), params={"api_key": SECRET}, headers={"X-Token": SECRET}
-            )
+            client.get(api.url("/flaky"), params={"api_key": SECRET}, headers={"X-Token": SECRET})
         assert client.requests == 3
     message = str(info.value)
     assert "/flaky" in message and "503" in message and "3 attempts" in message

@@ -1,0 +1,73 @@
+"""Time-based triggers: a sensor for interval sources and a schedule for each cron source.
+
+Neither opens the warehouse (a DuckDB file being written cannot even be read by another
+process); they decide from the clock alone and let run keys make each slot run once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import dagster as dg
+
+from pipeline.assets import SOURCE_TAG
+from pipeline.timing import due_slot, jitter_offset
+from sources import SourceConfig
+
+__all__ = ["SYNC_SENSOR", "cron_schedule", "sync_job_name", "sync_sensor"]
+
+SYNC_SENSOR = "sync_due_sources"
+
+
+def sync_job_name(source: SourceConfig) -> str:
+    return f"sync_{source.name}"
+
+
+def sync_sensor(
+    sources: list[SourceConfig],
+    jobs: list[dg.UnresolvedAssetJobDefinition],
+    *,
+    clock: Callable[[], float] = time.time,
+) -> dg.SensorDefinition:
+    """One sensor over every interval source: requests a sync when a source's slot begins.
+
+    The run key is ``<source>:<slot>``; Dagster drops a request whose key already ran, so
+    ticks, restarts and daemon hiccups never double a sync. A missed slot is not replayed:
+    the next slot's sync fetches from the stored cursor anyway.
+    """
+
+    @dg.sensor(
+        name=SYNC_SENSOR,
+        jobs=jobs,
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description="Requests a sync of each interval source once per interval (plus jitter).",
+    )
+    def _sensor(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
+        now = clock()
+        for source in sources:
+            slot = due_slot(now, source.interval, jitter_offset(source.name, source.jitter))
+            yield dg.RunRequest(
+                run_key=f"{source.name}:{slot}",
+                job_name=sync_job_name(source),
+                tags={SOURCE_TAG: source.name, "changewatch/slot": str(slot)},
+            )
+
+    return _sensor
+
+
+def cron_schedule(
+    source: SourceConfig, job: dg.UnresolvedAssetJobDefinition
+) -> dg.ScheduleDefinition:
+    """A schedule for a source declared with ``cron`` instead of an interval."""
+    assert source.cron is not None
+    return dg.ScheduleDefinition(
+        name=f"sync_{source.name}_schedule",
+        cron_schedule=source.cron,
+        execution_timezone=source.timezone,
+        job=job,
+        tags={SOURCE_TAG: source.name},
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Syncs {source.name} on cron '{source.cron}' ({source.timezone}).",
+    )
