@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from pipeline.assets import SOURCE_TAG
 from pipeline.config import ConfigError, WatchConfig, load_config
 from pipeline.resources import WAREHOUSE_URL_ENV
 from pipeline.wiring import build_definitions
@@ -44,8 +45,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     commands.add_parser("validate", help="load and check the watches file")
 
+    query = commands.add_parser("sql", help="run a read-only SQL query on the warehouse")
+    query.add_argument("query")
+
     args = parser.parse_args(argv)
     try:
+        if args.command == "sql":
+            return _sql(args.query)
         if args.command == "demo-api":
             return _serve_demo_api(args)
         if args.command == "demo":
@@ -60,6 +66,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"changewatch: invalid config\n{error}", file=sys.stderr)
         return 2
+
+
+def _sql(query: str) -> int:
+    import polars as pl
+
+    from warehouse import connect
+
+    with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
+        frame = wh.fetch_frame(query)
+    with pl.Config(tbl_rows=50, tbl_cols=20, fmt_str_lengths=40, tbl_width_chars=160):
+        print(frame)
+    return 0
 
 
 def _instance() -> dg.DagsterInstance:
@@ -77,7 +95,13 @@ def _materialize(config: WatchConfig, names: Sequence[str], instance: dg.Dagster
     tables = [config.source(name).table for name in names]
     assets = [a for a in defs.assets if a.key.path[-1] in tables]  # type: ignore[union-attr]
     result = dg.materialize(
-        assets, resources=defs.resources, instance=instance, raise_on_error=True
+        assets,
+        resources=defs.resources,
+        instance=instance,
+        tags={SOURCE_TAG: ",".join(names)},
+        # The CLI prints its own summary; Dagster's step-by-step log stays in the run's record.
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        raise_on_error=True,
     )
     stats = []
     for event in result.get_asset_materialization_events():
@@ -126,12 +150,11 @@ def _demo(args: argparse.Namespace) -> int:
                 print(_summary(table, meta))
             with connect(url) as wh:
                 changes = quote(changes_table(source.table))
-                rows = wh.fetch(
+                rows = wh.fetch_frame(
                     render("select_changes_since", wh.dialect, changes=changes), (since_change,)
-                )
-            for change_id, kind, key, columns in rows[:12]:
-                shown = ", ".join(columns or []) if kind == "update" else ""
-                print(f"  #{change_id:<5} {kind:<7} {source.primary_key[0]}={key:<6} {shown}")
+                ).rows(named=True)
+            for row in rows[:12]:
+                print("  " + _describe_change(row, source.primary_key[0], source.updated_at))
             if len(rows) > 12:
                 print(f"  ... and {len(rows) - 12} more")
 
@@ -148,10 +171,25 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"\nwarehouse: {where}")
     print(f"tables: {source.table} (current rows), {source.table}_changes (change log),")
     print("        sync_state (cursors), sync_runs (one row per sync)")
-    if url.startswith("duckdb"):
-        print(f'query it: duckdb {where} "SELECT * FROM {source.table}_changes"')
+    query = f"SELECT kind, object_key, changed_columns FROM {changes_table(source.table)}"
+    print(f"query it: changewatch sql '{query}'")
     print("open the Dagster UI: DAGSTER_HOME=$PWD dagster dev -w workspace.yaml")
     return 0
+
+
+def _describe_change(row: dict, key: str, updated_at: str | None) -> str:
+    """One line per change: kind, key, and for updates what went from what to what."""
+    text = f"#{row['change_id']:<5} {row['kind']:<7} {key}={row['object_key']:<6}"
+    if row["kind"] == "update":
+        edits = [
+            f"{c}: {row['old_' + c]!r} -> {row['new_' + c]!r}"
+            for c in row["changed_columns"]
+            if c != updated_at
+        ]
+        text += " " + "; ".join(edits)
+    elif row["kind"] == "insert":
+        text += f" {row.get('new_title')!r}" if "new_title" in row else ""
+    return text
 
 
 def _last_change(url: str, table: str) -> int:

@@ -1,4 +1,4 @@
 -- A source's changes after a known change_id, oldest first (for the CLI and the demo).
-SELECT change_id, kind, object_key, changed_columns FROM {changes}
+SELECT * FROM {changes}
 WHERE change_id > $1
 ORDER BY change_id

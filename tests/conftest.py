@@ -1,0 +1,48 @@
+"""Shared fixtures: real warehouses (a DuckDB file, a PostgreSQL schema) and the demo API.
+
+PostgreSQL tests never skip: if the server at $CHANGEWATCH_TEST_PG_URL (default: the local
+trust-auth server) is down, they fail, so CI cannot pass without exercising Postgres.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import adbc_driver_postgresql.dbapi as adbc
+import pytest
+
+from sources.demo import DemoAPIServer, DemoTracker
+
+PG_URL = os.environ.get("CHANGEWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def warehouse_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty warehouse URL on each backend."""
+    if request.param == "duckdb":
+        yield f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
+        return
+    schema = f"cw_test_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with adbc.connect(PG_URL) as con, con.cursor() as cur:
+        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        con.commit()
+
+
+@pytest.fixture
+def demo_api() -> Iterator[DemoAPIServer]:
+    """The demo issue tracker (40 issues, seed 7) on a free loopback port."""
+    with DemoAPIServer(DemoTracker(issues=40, seed=7)) as server:
+        yield server
+
+
+@pytest.fixture
+def demo_env(demo_api: DemoAPIServer, monkeypatch: pytest.MonkeyPatch) -> DemoAPIServer:
+    """The demo API, with the bundled watches.yaml pointed at it."""
+    monkeypatch.setenv("CHANGEWATCH_DEMO_URL", demo_api.url)
+    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(REPO / "watches.yaml"))
+    return demo_api

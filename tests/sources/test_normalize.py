@@ -1,0 +1,143 @@
+"""Normalization: typed columns from payload paths, one row per key, and the content hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from sources.base import SourceBase
+from sources.errors import PayloadError
+from sources.normalize import HASH_COLUMN, RAW_COLUMN, content_hash, normalize
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)
+
+
+def issue_source(**overrides: object) -> SourceBase:
+    settings: dict[str, object] = {
+        "name": "gh",
+        "type": "rest",
+        "table": "issues",
+        "primary_key": "number",
+        "updated_at": "updated_at",
+        "columns": {
+            "number": "bigint",
+            "title": "text",
+            "state": "text",
+            "labels": {"type": "text[]", "path": "labels[].name"},
+            "assignee": {"type": "text", "path": "assignee.login"},
+            "comments": "integer",
+            "updated_at": "timestamp",
+            "closed_at": "timestamp",
+        },
+    }
+    return SourceBase.model_validate(settings | overrides)
+
+
+def load(name: str) -> list[dict]:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def test_payload_becomes_typed_columns() -> None:
+    frame = normalize(load("github_issues_page.json"), issue_source(), synced_at=SYNCED_AT)
+    expected = load("github_issues_expected.json")
+    as_text = frame.drop(HASH_COLUMN, "_synced_at", RAW_COLUMN).with_columns(
+        pl.col("updated_at", "closed_at").dt.to_string("%Y-%m-%dT%H:%M:%S+00:00")
+    )
+    assert as_text.to_dicts() == expected
+    assert frame.schema["number"] == pl.Int64
+    assert frame.schema["labels"] == pl.List(pl.String)
+    assert frame.schema["updated_at"] == pl.Datetime("us", "UTC")
+    # The raw payload is kept whole, including fields no column declares.
+    assert json.loads(frame[RAW_COLUMN][0])["user"] == {"login": "bob"}
+
+
+def test_content_hash_is_pinned() -> None:
+    # If this changes, every stored row would look "updated" after an upgrade: a real break.
+    # The definition: SHA-256 of the normalized fields as compact JSON with sorted keys.
+    frame = normalize(load("github_issues_page.json"), issue_source(), synced_at=SYNCED_AT)
+    canonical = (
+        '{"assignee":"ada","closed_at":null,"comments":3,"labels":["bug","security"],'
+        '"number":1,"state":"open","title":"Crash on start",'
+        '"updated_at":"2026-01-02T10:00:00+00:00"}'
+    )
+    assert frame[HASH_COLUMN][0] == hashlib.sha256(canonical.encode()).hexdigest()
+    assert frame[HASH_COLUMN].to_list() == [
+        "7de7926d1b8965a2aa987ad8796941f2a3b71e8370e777539682c2ebb04ffdcf",
+        "a2b8ec60ef157485f3fffa732f2e96781c58fe67095cc3b4461cbfdc6859f12c",
+    ]
+
+
+def test_hash_ignores_undeclared_fields_and_column_order() -> None:
+    records = load("github_issues_page.json")
+    before = normalize(records, issue_source(), synced_at=SYNCED_AT)[HASH_COLUMN]
+    for record in records:
+        record["reactions"] = {"+1": 5}  # a field upstream added that no column declares
+    reordered = issue_source()
+    reordered.columns = dict(reversed(list(reordered.columns.items())))
+    after = normalize(records, reordered, synced_at=SYNCED_AT)[HASH_COLUMN]
+    assert before.to_list() == after.to_list()
+
+
+def test_hash_follows_every_declared_field() -> None:
+    records = load("github_issues_page.json")
+    before = normalize(records, issue_source(), synced_at=SYNCED_AT)[HASH_COLUMN].to_list()
+    records[0]["labels"].append({"name": "docs"})
+    records[1]["assignee"] = {"login": "zed"}
+    after = normalize(records, issue_source(), synced_at=SYNCED_AT)[HASH_COLUMN].to_list()
+    assert before[0] != after[0] and before[1] != after[1]
+
+
+def test_content_hash_of_nulls_differs_from_empty() -> None:
+    frame = pl.DataFrame(
+        {"a": [None, ""], "b": [[], None]}, schema={"a": pl.String, "b": pl.List(pl.String)}
+    )
+    first, second = content_hash(frame, ["a", "b"]).to_list()
+    assert first != second
+
+
+def test_object_seen_twice_keeps_newest_version() -> None:
+    records = load("github_issues_page.json")
+    newer = dict(records[0], title="Crash on start (fixed)", updated_at="2026-01-05T00:00:00Z")
+    # The newer version arrives first: the walk saw it on page 1, the old one on page 2.
+    frame = normalize([newer, records[1], records[0]], issue_source(), synced_at=SYNCED_AT)
+    assert frame.height == 2
+    assert frame.filter(pl.col("number") == 1)["title"].to_list() == ["Crash on start (fixed)"]
+
+
+def test_json_column_keeps_subdocument() -> None:
+    source = issue_source(columns={"number": "bigint", "meta": "json"}, updated_at=None)
+    frame = normalize([{"number": 1, "meta": {"b": 1, "a": [1, 2]}}], source, synced_at=SYNCED_AT)
+    assert json.loads(frame["meta"][0]) == {"a": [1, 2], "b": 1}
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        (
+            {"number": "seven", "updated_at": "2026-01-01T00:00:00Z"},
+            "record #0 (key {'number': 'seven'})",
+        ),
+        (
+            {"number": 1, "updated_at": "last tuesday"},
+            "record #0 field 'updated_at' value 'last tuesday'",
+        ),
+        ({"title": "no key", "updated_at": "2026-01-01T00:00:00Z"}, "record #0 has no primary key"),
+    ],
+)
+def test_bad_records_are_named(record: dict, message: str) -> None:
+    with pytest.raises(PayloadError) as error:
+        normalize([record], issue_source(), synced_at=SYNCED_AT)
+    assert message in str(error.value)
+    assert "'gh'" in str(error.value)
+
+
+def test_empty_fetch_gives_typed_empty_frame() -> None:
+    frame = normalize([], issue_source(), synced_at=SYNCED_AT)
+    assert frame.height == 0
+    assert frame.schema["labels"] == pl.List(pl.String)
