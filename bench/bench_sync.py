@@ -1,0 +1,355 @@
+"""Throughput of a full snapshot sync of the demo API, against a fetch+decode-only baseline.
+
+Starts one ``DemoAPIServer`` (a ``DemoTracker`` of ``--rows`` issues) on loopback, then:
+
+* Phase A, fetch+decode only: one keep-alive ``httpx.Client`` walks every page through the
+  ``Link`` header and ``orjson.loads`` each body. This is the floor for any sync.
+* Phase B, full sync: ``run_sync`` of the ``demo_issues`` source from ``watches.yaml`` (snapshot,
+  same endpoint and ``per_page``) into a fresh warehouse: every row is an insert. The time is
+  split into fetch (``RestSource.fetch``), ``normalize()`` and the rest (diff, writes, commit,
+  bookkeeping), by timing the real calls inside ``run_sync``.
+* A and B run alternately ``--rounds`` times (default 2, each B on a fresh warehouse); the best
+  of each is reported, so noise affects both alike.
+* Phase C, on the last warehouse: a second sync with no upstream change (asserts 0 changes),
+  then ``tracker.mutate(update=1000, delete=100)`` and a third sync (asserts exactly 1000
+  updates and 100 deletes).
+
+Peak RSS (``ru_maxrss``, a high-water mark for the whole process, server included) is printed
+after each phase. The last lines compare rows/s of full sync with fetch-only and print
+``TARGET MET`` when full sync reaches at least half the fetch-only rate, else ``TARGET MISSED``.
+
+Run from the repository root::
+
+    /work/venv/bin/python bench/bench_sync.py                      # DuckDB, 100,000 rows
+    /work/venv/bin/python bench/bench_sync.py --rows 20000 --per-page 50
+    /work/venv/bin/python bench/bench_sync.py --backend postgres \\
+        --pg-url postgresql://postgres@127.0.0.1:5432/test
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the package is installed editable; this is only a fallback
+    sys.path.insert(0, str(REPO))
+
+import warehouse.sync as sync_module  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from sources.base import FetchResult  # noqa: E402
+from sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
+from sources.rest import RestSource, RestSourceConfig  # noqa: E402
+from warehouse.backends import Warehouse, connect  # noqa: E402
+from warehouse.sync import SyncStats, run_sync  # noqa: E402
+
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
+SOURCE_NAME = "demo_issues"
+TARGET_RATIO = 0.5
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def current_rss_mb() -> float | None:
+    """Current resident set size in MiB, where /proc is available."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+
+
+def memory_note() -> str:
+    now = current_rss_mb()
+    return f"peak RSS {peak_rss_mb():.0f} MiB" + (f" (now {now:.0f})" if now else "")
+
+
+@dataclass
+class Timings:
+    """Seconds spent in the parts of one ``run_sync`` call."""
+
+    fetch: float = 0.0
+    normalize: float = 0.0
+    total: float = 0.0
+
+    @property
+    def rest(self) -> float:
+        """Setup transaction, diff, writes, commit and bookkeeping."""
+        return self.total - self.fetch - self.normalize
+
+
+@dataclass
+class SyncResult:
+    label: str
+    stats: SyncStats
+    timings: Timings
+    peak_rss_mb: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.stats.rows_fetched / self.timings.total
+
+
+@dataclass
+class FetchOnlyResult:
+    rows: int
+    pages: int
+    seconds: float
+    peak_rss_mb: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds
+
+
+@dataclass
+class TimedSource:
+    """A ``Source`` that times ``RestSource.fetch`` and otherwise is that source."""
+
+    inner: RestSource
+    timings: Timings = field(default_factory=Timings)
+
+    @property
+    def config(self) -> RestSourceConfig:
+        return self.inner.config
+
+    def fetch(self, *, cursor: str | None) -> FetchResult:
+        start = time.perf_counter()
+        try:
+            return self.inner.fetch(cursor=cursor)
+        finally:
+            self.timings.fetch += time.perf_counter() - start
+
+
+@contextmanager
+def timed_normalize(timings: Timings) -> Iterator[None]:
+    """Time the ``normalize`` that ``run_sync`` calls (its module global), then restore it."""
+    original: Callable[..., Any] = sync_module.normalize
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            timings.normalize += time.perf_counter() - start
+
+    sync_module.normalize = wrapper
+    try:
+        yield
+    finally:
+        sync_module.normalize = original
+
+
+# -- phases ----------------------------------------------------------------------------------
+
+
+def fetch_only(config: RestSourceConfig) -> FetchOnlyResult:
+    """Phase A: walk every page via the Link header with one keep-alive client; decode each."""
+    gc.collect()
+    rows = pages = 0
+    start = time.perf_counter()
+    with httpx.Client(headers={"Accept": "application/json"}) as client:
+        url: str | None = config.url
+        params: dict[str, Any] | None = dict(config.params)
+        while url is not None:
+            response = client.get(url, params=params)
+            response.raise_for_status()
+            rows += len(orjson.loads(response.content))
+            pages += 1
+            url, params = response.links.get("next", {}).get("url"), None
+    seconds = time.perf_counter() - start
+    return FetchOnlyResult(rows, pages, seconds, peak_rss_mb())
+
+
+def full_sync(wh: Warehouse, config: RestSourceConfig, label: str) -> SyncResult:
+    """One ``run_sync`` of the source, with fetch and normalize timed inside it."""
+    gc.collect()
+    source = TimedSource(RestSource(config))
+    timings = source.timings
+    with timed_normalize(timings):
+        start = time.perf_counter()
+        stats = run_sync(wh, source)
+        timings.total = time.perf_counter() - start
+    return SyncResult(label, stats, timings, peak_rss_mb())
+
+
+# -- warehouses ------------------------------------------------------------------------------
+
+
+class Warehouses:
+    """Fresh warehouses for one backend; everything created here is removed by ``close()``."""
+
+    def __init__(self, backend: str, pg_url: str) -> None:
+        self.backend, self.pg_url = backend, pg_url
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench_sync_")
+        self._open: list[Warehouse] = []
+        self._schemas: list[str] = []
+
+    def fresh(self) -> tuple[Warehouse, str]:
+        if self.backend == "duckdb":
+            path = Path(self._tmp.name) / f"w{len(self._open)}.duckdb"
+            where = str(path)
+            wh = connect(f"duckdb:///{path}")
+        else:
+            schema = f"bench_{uuid.uuid4().hex[:12]}"
+            self._schemas.append(schema)
+            sep = "&" if "?" in self.pg_url else "?"
+            where = f"schema {schema}"
+            wh = connect(f"{self.pg_url}{sep}schema={schema}")
+        self._open.append(wh)
+        return wh, where
+
+    def close(self) -> None:
+        for wh in self._open:
+            try:
+                wh.close()
+            except Exception as error:  # noqa: BLE001 - keep cleaning up
+                print(f"warning: closing a warehouse failed: {error}", file=sys.stderr)
+        self._open.clear()
+        if self._schemas:
+            with connect(self.pg_url) as admin, admin.transaction():
+                for schema in self._schemas:
+                    admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            self._schemas.clear()
+        self._tmp.cleanup()
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def describe_sync(result: SyncResult) -> str:
+    s, t = result.stats, result.timings
+    return (
+        f"{result.label}: {s.rows_fetched:,} rows in {t.total:.2f}s = {result.rows_per_s:,.0f} "
+        f"rows/s [fetch {t.fetch:.2f}s, normalize {t.normalize:.2f}s, diff+write+commit "
+        f"{t.rest:.2f}s] ins={s.inserted} upd={s.updated} del={s.deleted} "
+        f"unchanged={s.unchanged}; {memory_note()}"
+    )
+
+
+def source_config(url: str, per_page: int) -> RestSourceConfig:
+    """The ``demo_issues`` source of ``watches.yaml``, pointed at ``url``, with ``per_page``."""
+    os.environ["CHANGEWATCH_DEMO_URL"] = url
+    config = load_config(REPO / "watches.yaml").source(SOURCE_NAME)
+    if config.sync != "snapshot":
+        raise SystemExit(f"{SOURCE_NAME} in watches.yaml is not a snapshot source")
+    params = {**config.params, "per_page": per_page}
+    return config.model_copy(update={"params": params})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000, help="issues (default: %(default)s)")
+    parser.add_argument("--per-page", type=int, default=100, help="page size, at most 100")
+    parser.add_argument("--backend", choices=("duckdb", "postgres"), default="duckdb")
+    parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="default: %(default)s")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations (default: 2)")
+    parser.add_argument("--seed", type=int, default=1, help="tracker seed (default: 1)")
+    args = parser.parse_args(argv)
+    if not 1 <= args.per_page <= 100:
+        parser.error("--per-page must be between 1 and 100 (the API caps it at 100)")
+    if args.rows < 1100:
+        parser.error("--rows must be at least 1100 (phase C updates 1000 and deletes 100)")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+
+    start = time.perf_counter()
+    tracker = DemoTracker(issues=args.rows, seed=args.seed)
+    print(
+        f"tracker: {args.rows:,} issues built in {time.perf_counter() - start:.2f}s; "
+        f"{memory_note()}"
+    )
+    baseline_rss = peak_rss_mb()
+    fetches: list[FetchOnlyResult] = []
+    syncs: list[SyncResult] = []
+    warehouses = Warehouses(args.backend, args.pg_url)
+    try:
+        with DemoAPIServer(tracker) as server:
+            config = source_config(server.url, args.per_page)
+            print(f"server {server.url}; backend {args.backend}; per_page {args.per_page}")
+            wh = None
+            for round_no in range(1, args.rounds + 1):
+                fetched = fetch_only(config)
+                fetches.append(fetched)
+                print(
+                    f"A{round_no} fetch+decode only: {fetched.rows:,} rows, {fetched.pages} "
+                    f"pages in {fetched.seconds:.2f}s = {fetched.rows_per_s:,.0f} rows/s; "
+                    f"{memory_note()}"
+                )
+                assert fetched.rows == args.rows, f"fetched {fetched.rows} rows"
+                wh, where = warehouses.fresh()
+                result = full_sync(wh, config, f"B{round_no} full sync (first, {where})")
+                syncs.append(result)
+                print(describe_sync(result))
+                assert result.stats.inserted == args.rows, result.stats
+                assert result.stats.changed == args.rows, result.stats
+
+            assert wh is not None
+            second = full_sync(wh, config, "C1 second sync (no change)")
+            print(describe_sync(second))
+            assert second.stats.changed == 0, f"expected no changes: {second.stats}"
+            assert second.stats.unchanged == args.rows, second.stats
+
+            mutated = tracker.mutate(update=1000, delete=100)
+            assert len(mutated["updated"]) == 1000 and len(mutated["deleted"]) == 100
+            third = full_sync(wh, config, "C2 third sync (1000 updated, 100 deleted)")
+            print(describe_sync(third))
+            s = third.stats
+            assert (s.inserted, s.updated, s.deleted) == (0, 1000, 100), s
+            assert s.row_count == args.rows - 100, s
+    finally:
+        warehouses.close()
+
+    best_fetch = max(fetches, key=lambda r: r.rows_per_s)
+    best_sync = max(syncs, key=lambda r: r.rows_per_s)
+    ratio = best_sync.rows_per_s / best_fetch.rows_per_s
+    t = best_sync.timings
+    print()
+    print(
+        f"{args.backend}, {args.rows:,} rows, per_page {args.per_page}, best of {args.rounds} "
+        f"(peak RSS: process high-water mark when the phase first ran; tracker+imports "
+        f"{baseline_rss:.0f} MiB)"
+    )
+    # ru_maxrss only grows, so RSS is shown as it stood when the phase first ran (round 1).
+    print(f"{'phase':<34}{'rows/s':>12}{'seconds':>10}{'peak RSS MiB':>14}")
+    rows = [
+        ("A fetch+decode only", best_fetch.rows_per_s, best_fetch.seconds, fetches[0].peak_rss_mb),
+        ("B full sync, first (all inserts)", best_sync.rows_per_s, t.total, syncs[0].peak_rss_mb),
+        ("C1 full sync, no change", second.rows_per_s, second.timings.total, second.peak_rss_mb),
+        ("C2 full sync, 1k upd/100 del", third.rows_per_s, third.timings.total, third.peak_rss_mb),
+    ]
+    for name, rate, seconds, rss in rows:
+        print(f"{name:<34}{rate:>12,.0f}{seconds:>10.2f}{rss:>14.0f}")
+    print(
+        f"B breakdown: fetch {t.fetch:.2f}s ({t.fetch / t.total:.0%}), normalize "
+        f"{t.normalize:.2f}s ({t.normalize / t.total:.0%}), diff+write+commit {t.rest:.2f}s "
+        f"({t.rest / t.total:.0%})"
+    )
+    print(f"ratio full sync / fetch-only: {ratio:.2f} (target >= {TARGET_RATIO})")
+    print("TARGET MET" if ratio >= TARGET_RATIO else "TARGET MISSED")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

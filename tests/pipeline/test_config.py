@@ -1,0 +1,109 @@
+"""The watches file: every mistake is reported with file, line and key, and nothing is written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+CONFIGS = Path(__file__).parent / "configs"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "key", "why"),
+    [
+        ("unknown_key.yaml", 10, "sources[0].paginatr", "unknown key 'paginatr'"),
+        ("wrong_type.yaml", 10, "sources[0].interval", "is not a duration"),
+        (
+            "missing_env.yaml",
+            13,
+            "sources[0].auth.token_env",
+            "CW_TEST_SURELY_UNSET_TOKEN is not set",
+        ),
+        ("missing_url_env.yaml", 5, "sources[0].base_url", "CW_TEST_SURELY_UNSET_URL is not set"),
+        ("bad_column_type.yaml", 10, "sources[0].columns.title.type", "Input should be"),
+    ],
+)
+def test_mistakes_name_file_line_and_key(name: str, line: int, key: str, why: str) -> None:
+    path = CONFIGS / name
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:{line}: {key}: "), message
+    assert why in message
+
+
+def test_every_problem_is_listed_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "watches.yaml"
+    text = (CONFIGS / "unknown_key.yaml").read_text().replace("version: 1", "version: one")
+    path.write_text(text)
+    lines = str(pytest.raises(ConfigError, load_config, path).value).splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["version", "sources[0].paginatr"]
+
+
+def test_duplicate_names_and_invalid_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "dup.yaml"
+    source = (CONFIGS / "wrong_type.yaml").read_text().split("sources:\n")[1]
+    source = source.replace("interval: every now and then", "interval: 60")
+    path.write_text("sources:\n" + source + source.replace("table: issues", "table: other"))
+    with pytest.raises(ConfigError, match="two sources share the name 'demo_issues'"):
+        load_config(path)
+    path.write_text("sources:\n  - name: [unclosed\n")
+    with pytest.raises(ConfigError, match=rf"{path}:\d+: not valid YAML"):
+        load_config(path)
+
+
+def test_secret_values_are_refused_in_yaml() -> None:
+    text = (CONFIGS / "missing_env.yaml").read_text()
+    broken = text.replace("token_env: CW_TEST_SURELY_UNSET_TOKEN", "token_env: ghp_abc123secret")
+    path = CONFIGS.parent / "configs" / "_tmp_secret.yaml"
+    try:
+        path.write_text(broken)
+        with pytest.raises(ConfigError, match="not an environment variable name"):
+            load_config(path)
+    finally:
+        path.unlink()
+
+
+def test_bundled_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHANGEWATCH_DEMO_URL", raising=False)
+    config = load_config(REPO / "watches.yaml")
+    source = config.source("demo_issues")
+    assert source.base_url == "http://127.0.0.1:8765"  # the ${...:-default}
+    monkeypatch.setenv("CHANGEWATCH_DEMO_URL", "http://127.0.0.1:9999")
+    assert load_config(REPO / "watches.yaml").source("demo_issues").base_url.endswith(":9999")
+
+
+def test_bad_config_writes_nothing(tmp_path: Path) -> None:
+    warehouse = tmp_path / "never.duckdb"
+    env = dict(
+        os.environ,
+        CHANGEWATCH_CONFIG=str(CONFIGS / "unknown_key.yaml"),
+        CHANGEWATCH_WAREHOUSE_URL=f"duckdb:///{warehouse}",
+        DAGSTER_HOME=str(tmp_path),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "sync"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert f"{CONFIGS / 'unknown_key.yaml'}:10: sources[0].paginatr: unknown key" in done.stderr
+    assert not warehouse.exists()
+    assert not (tmp_path / "history").exists()  # no Dagster run was even recorded
+
+
+def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "not-a-real-token")
+    config = load_config(REPO / "examples" / "github.yaml")
+    assert [s.name for s in config.sources] == ["dagster_issues", "status_incidents"]
+    assert config.source("status_incidents").cron == "*/30 * * * *"
