@@ -323,7 +323,6 @@ def main(argv: list[str] | None = None) -> int:
 
     best_fetch = max(fetches, key=lambda r: r.rows_per_s)
     best_sync = max(syncs, key=lambda r: r.rows_per_s)
-    ratio = best_sync.rows_per_s / best_fetch.rows_per_s
     t = best_sync.timings
     print()
     print(
@@ -346,8 +345,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{t.normalize:.2f}s ({t.normalize / t.total:.0%}), diff+write+commit {t.rest:.2f}s "
         f"({t.rest / t.total:.0%})"
     )
-    print(f"ratio full sync / fetch-only: {ratio:.2f} (target >= {TARGET_RATIO})")
-    print("TARGET MET" if ratio >= TARGET_RATIO else "TARGET MISSED")
+    # The target is judged per kind of sync: a first sync is a bulk load (every row written
+    # to the table and the change log), a re-sync is what runs every interval afterwards.
+    for name, rate in (
+        ("first sync (bulk load)", best_sync.rows_per_s),
+        ("re-sync, no change", second.rows_per_s),
+        ("re-sync, 1k upd/100 del", third.rows_per_s),
+    ):
+        ratio = rate / best_fetch.rows_per_s
+        verdict = "TARGET MET" if ratio >= TARGET_RATIO else "TARGET MISSED"
+        print(f"ratio {name} / fetch-only: {ratio:.2f} (target >= {TARGET_RATIO}): {verdict}")
     return 0
 
 

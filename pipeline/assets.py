@@ -44,7 +44,7 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
     )
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
-            stats = run_sync(wh, build_source(source), dagster_run_id=context.run_id)
+            stats = run_sync(wh, build_source(source), dagster_run_id=context.run.run_id)
         context.log.info(
             f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
             f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"

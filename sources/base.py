@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol
 
+import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -123,14 +124,37 @@ class SourceBase(BaseModel):
 
 @dataclass
 class FetchResult:
-    """What one sync fetched: raw records in arrival order, and how it went."""
+    """What one sync fetched: the JSON documents as received, and how it went.
 
-    records: list[dict[str, Any]]
+    Records stay inside their documents (one per page) until normalization splits and types
+    them in one columnar pass; no per-record Python objects are kept while a walk goes on.
+    """
+
+    documents: list[bytes]
+    # Where the list of records sits inside each document (dotted); None: the document is it.
+    records_path: str | None = None
+    # Records in all documents, when the walk counted them (None: only normalization will).
+    record_count: int | None = None
     pages: int = 0
     requests: int = 0
-    # True when `records` is the complete upstream listing, so absent keys are deletes.
+    # True when the documents hold the complete upstream listing, so absent keys are deletes.
     complete: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]], **details: Any) -> FetchResult:
+        """A result from records a connector built itself (feeds, computed listings)."""
+        return cls(documents=[orjson.dumps(records)], record_count=len(records), **details)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record, decoded (for tests and debugging; syncs never need this)."""
+        found: list[dict[str, Any]] = []
+        for document in self.documents:
+            value: Any = orjson.loads(document)
+            for step in self.records_path.split(".") if self.records_path else ():
+                value = value[step]
+            found.extend(value)
+        return found
 
 
 class Source(Protocol):

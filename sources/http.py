@@ -121,11 +121,11 @@ class HttpClient:
         Retries transport errors, 429 and 5xx; raises ``FetchError`` when they run out, on a
         Retry-After beyond ``max_retry_after``, and at once on any other 4xx.
         """
-        target = httpx.URL(url)
+        target: str | httpx.URL = url
         if params:
             # httpx replaces a URL's query with `params`; merging keeps a next-page link intact.
-            target = target.copy_merge_params(dict(params))
-        what = self._describe(target)
+            target = httpx.URL(url).copy_merge_params(dict(params))
+        what = _Described(self, target)
         policy = self.policy
         attempt = 0
         while True:
@@ -164,10 +164,24 @@ class HttpClient:
             )
             self._sleep(wait)
 
-    def _describe(self, url: httpx.URL) -> str:
+    def _describe(self, url: str | httpx.URL) -> str:
         # Path only: the query string may hold an API key.
+        url = httpx.URL(url)
         label = f"{self.name}: " if self.name else ""
         return f"{label}GET {url.host}{url.path}"
+
+
+class _Described:
+    """A request's description for messages, built only if a message needs it."""
+
+    def __init__(self, client: HttpClient, url: str | httpx.URL) -> None:
+        self.client, self.url = client, url
+
+    def __str__(self) -> str:
+        return self.client._describe(self.url)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
 
 def _hint(status: int) -> str:

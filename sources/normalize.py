@@ -1,12 +1,14 @@
-"""Raw records -> the typed, hashed frame a source's table stores.
+"""Raw JSON documents -> the typed, hashed frame a source's table stores.
 
-Decoding is columnar: every record becomes one JSON string, and polars decodes the whole
-column at once against a schema built from the declared columns, so only declared fields are
-parsed and every value arrives with its declared type.
+One columnar pass in an in-memory DuckDB: documents are split into records, every record is
+parsed once against a schema built from the declared columns, values are typed, the content
+hash is computed, and repeated keys are reduced to their newest version. No Python runs per
+record, and the GIL is released while DuckDB works.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,18 +16,18 @@ from datetime import datetime
 from typing import Any
 
 import duckdb
-import orjson
 import polars as pl
 
-from sources.base import ColumnSpec, SourceBase
+import sql
+from sources.base import ColumnSpec, FetchResult, SourceBase
 from sources.errors import PayloadError
 
 __all__ = [
     "HASH_COLUMN",
+    "POLARS_TYPES",
     "RAW_COLUMN",
     "SYNCED_AT_COLUMN",
-    "POLARS_TYPES",
-    "content_hash",
+    "empty_frame",
     "normalize",
     "parse_path",
 ]
@@ -48,11 +50,17 @@ POLARS_TYPES: dict[str, pl.DataType] = {
     "bigint[]": pl.List(pl.Int64()),
 }
 
-# How each declared type is decoded from JSON; timestamps arrive as text and are parsed after.
-_DECODE_TYPES: dict[str, pl.DataType] = {
-    **POLARS_TYPES,
-    "timestamp": pl.String(),
-    "text[]": pl.List(pl.String()),
+# The type DuckDB's json_transform reads each declared type as (lists as one-element lists).
+_JSON_TYPES: dict[str, Any] = {
+    "text": "VARCHAR",
+    "bigint": "BIGINT",
+    "integer": "INTEGER",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "timestamp": "TIMESTAMPTZ",
+    "json": "JSON",
+    "text[]": ["VARCHAR"],
+    "bigint[]": ["BIGINT"],
 }
 
 _STEP = re.compile(r"^([A-Za-z0-9_$@\-]+)(\[\])?$")
@@ -81,120 +89,56 @@ def parse_path(path: str) -> tuple[_Step, ...]:
     return tuple(steps)
 
 
-def _steps(name: str, spec: ColumnSpec) -> tuple[_Step, ...]:
-    return parse_path(spec.path or name)
-
-
-def _merge_dtype(tree: dict[str, Any], steps: Sequence[_Step], leaf: pl.DataType) -> None:
-    """Add one path to a nested {field: subtree | dtype} tree describing the decode schema."""
-    head, rest = steps[0], steps[1:]
-    if not rest:
-        tree[head.field] = pl.List(leaf) if head.each and not isinstance(leaf, pl.List) else leaf
-        return
-    sub = tree.setdefault(head.field, {"__each__": head.each})
-    if not isinstance(sub, dict):
-        raise ValueError(f"field {head.field!r} is used both as a value and as an object")
-    _merge_dtype(sub, rest, leaf)
-
-
-def _tree_to_dtype(tree: dict[str, Any]) -> pl.Struct:
-    fields = {}
-    for key, sub in tree.items():
-        if key == "__each__":
-            continue
-        if isinstance(sub, dict):
-            inner = _tree_to_dtype(sub)
-            fields[key] = pl.List(inner) if sub["__each__"] else inner
-        else:
-            fields[key] = sub
-    return pl.Struct(fields)
-
-
-def _column_expr(source: pl.Expr, steps: Sequence[_Step]) -> pl.Expr:
-    """Navigate a decoded struct column along a path; `[]` steps map over list elements."""
-    expr = source
-    for index, step in enumerate(steps):
-        expr = expr.struct.field(step.field)
-        rest = steps[index + 1 :]
-        if step.each and rest:
-            return expr.list.eval(_column_expr(pl.element(), rest))
-    return expr
-
-
-def _leaf_type(spec: ColumnSpec) -> pl.DataType:
-    # A `[]` path already makes the result a list, so its leaf is the element type.
-    if spec.type.endswith("[]") and spec.path and "[]" in spec.path:
-        return _DECODE_TYPES[spec.type].inner  # type: ignore[attr-defined]
-    return _DECODE_TYPES[spec.type]
-
-
-def _json_value(record: Any, steps: Sequence[_Step]) -> Any:
-    for step in steps:
-        if not isinstance(record, dict):
-            return None
-        record = record.get(step.field)
-    return record
-
-
 def normalize(
-    records: list[dict[str, Any]], config: SourceBase, *, synced_at: datetime
+    fetched: FetchResult, config: SourceBase, *, synced_at: datetime, first_document: int = 0
 ) -> pl.DataFrame:
-    """Typed frame of one source's records: declared columns, raw payload, hash, synced-at.
+    """Typed frame of one fetch: declared columns, then ``_content_hash``, ``_synced_at``, ``_raw``.
 
-    Takes the raw records of one fetch (arrival order) and returns one row per primary key
-    (the latest by updated-at, then by arrival, when an object came twice), with columns in
-    declared order followed by ``_content_hash``, ``_synced_at`` and ``_raw`` (JSON text).
-    Raises ``PayloadError`` naming the source and record when a value cannot take its type
-    or a primary key is missing.
+    One row per primary key: when an object came more than once (it moved between pages, or
+    changed while the walk went on) its newest version by updated-at, then arrival, wins.
+    Raises ``PayloadError`` naming the source and record when a document is not JSON, a value
+    cannot take its declared type, or a primary key is missing. ``first_document`` numbers
+    the documents of a batch within the whole fetch, for error messages.
     """
-    columns = config.columns
-    if not records:
+    if not fetched.documents:
         return empty_frame(config)
-    raw = pl.Series(RAW_COLUMN, [orjson.dumps(r).decode() for r in records], dtype=pl.String)
-
-    tree: dict[str, Any] = {}
-    json_columns = {}
-    for name, spec in columns.items():
-        if spec.type == "json":
-            json_columns[name] = _steps(name, spec)
-        else:
-            _merge_dtype(tree, _steps(name, spec), _leaf_type(spec))
-    try:
-        decoded = raw.str.json_decode(_tree_to_dtype(tree)) if tree else None
-    except pl.exceptions.PolarsError as error:
-        raise _locate_payload_error(records, config, tree) from error
-
-    exprs = []
-    for name, spec in columns.items():
-        if spec.type == "json":
-            # Sub-documents stay JSON text with sorted keys, so key order upstream is not a
-            # change; rare enough that a per-record dump is fine.
-            values = [
-                None
-                if (v := _json_value(r, json_columns[name])) is None
-                else orjson.dumps(v, option=orjson.OPT_SORT_KEYS)
-                for r in records
-            ]
-            exprs.append(pl.Series(name, values, dtype=pl.Binary).cast(pl.String).alias(name))
-            continue
-        expr = _column_expr(pl.col("decoded"), _steps(name, spec))
-        # Timestamps stay text here and are parsed below, where bad text can be reported.
-        exprs.append(expr.cast(_DECODE_TYPES[spec.type]).alias(name))
-
-    frame = pl.DataFrame({"decoded": decoded}) if decoded is not None else pl.DataFrame()
-    frame = frame.with_columns(raw, pl.int_range(pl.len()).alias("_arrival"))
-    frame = _parse_timestamps(frame.select(*exprs, RAW_COLUMN, "_arrival"), config)
-    _check_keys(frame, config)
-
-    # The same object can appear twice in one walk (it moved between pages, or changed while
-    # we paged): keep its newest version so each key is written once.
-    order = [config.updated_at, "_arrival"] if config.updated_at else ["_arrival"]
-    frame = frame.sort(order, nulls_last=False).unique(config.primary_key, keep="last")
-    frame = frame.sort("_arrival").drop("_arrival")
-    return frame.with_columns(
-        content_hash(frame, list(columns)).alias(HASH_COLUMN),
+    statement = _statement(config, fetched.records_path)
+    documents = pl.DataFrame(
+        {
+            "doc_index": range(first_document, first_document + len(fetched.documents)),
+            "doc": fetched.documents,
+        },
+        schema={"doc_index": pl.Int64, "doc": pl.Binary},
+    ).with_columns(pl.col("doc").cast(pl.String))
+    with duckdb.connect() as con:
+        # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
+        con.execute("SET TimeZone = 'UTC'")
+        con.register("documents", documents.to_arrow())
+        try:
+            table = con.sql(statement).to_arrow_table()
+        except duckdb.Error as error:
+            raise _locate_bad_document(con, config, error) from None
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    _check(frame, config)
+    frame = _newest_per_key(frame, config)
+    schema = {name: POLARS_TYPES[spec.type] for name, spec in config.columns.items()}
+    return frame.select(
+        *(pl.col(name).cast(dtype) for name, dtype in schema.items()),
+        HASH_COLUMN,
         pl.lit(synced_at).cast(UTC_MICROS).alias(SYNCED_AT_COLUMN),
-    ).select(*columns, HASH_COLUMN, SYNCED_AT_COLUMN, RAW_COLUMN)
+        RAW_COLUMN,
+    )
+
+
+def _newest_per_key(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:
+    # An object seen twice in one walk (it moved between pages, or changed while the walk
+    # went on) keeps its newest version by updated-at, then arrival: each key is written once.
+    keys = config.primary_key
+    if not frame.select(pl.struct(keys).is_duplicated().any()).item():
+        return frame
+    order = [config.updated_at, "_arrival"] if config.updated_at else ["_arrival"]
+    return frame.sort(order, nulls_last=False).unique(keys, keep="last").sort("_arrival")
 
 
 def empty_frame(config: SourceBase) -> pl.DataFrame:
@@ -204,68 +148,141 @@ def empty_frame(config: SourceBase) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
-def content_hash(frame: pl.DataFrame, columns: list[str]) -> pl.Series:
-    """SHA-256 (hex) of each row's normalized fields: the one definition of "content".
+def _statement(config: SourceBase, records_path: str | None) -> str:
+    """The normalization query for one source (see ``sql/select_normalized_records.sql``)."""
+    tree: dict[str, Any] = {}
+    for name, spec in config.columns.items():
+        _merge(tree, _steps(name, spec), _leaf_type(spec))
+    columns = {name: _column_expr(_steps(name, spec)) for name, spec in config.columns.items()}
+    checks = " ".join(
+        f"WHEN {_q(name)} IS NULL AND json_type(raw, {_literal(_json_path(name, spec))}) "
+        f"NOT IN ('NULL') THEN {_literal(name)}"
+        for name, spec in config.columns.items()
+        # Text and JSON take any value; a `[]` path has no single value to check.
+        if spec.type not in ("text", "json") and "[]" not in (spec.path or "")
+    )
+    return sql.load("select_normalized_records").format(
+        records=(
+            f"json_extract(doc, {_literal(_dotted_json_path(records_path))})"
+            if records_path
+            else "doc"
+        ),
+        schema=_literal(json.dumps(tree)),
+        column_exprs=", ".join(f"{expr} AS {_q(name)}" for name, expr in columns.items()),
+        columns=", ".join(_q(name) for name in config.columns),
+        # Sorted keys: reordering columns in config must not change any hash.
+        hash_fields=", ".join(f"{_q(name)} := {_q(name)}" for name in sorted(config.columns)),
+        bad_value=f"CASE {checks} END" if checks else "NULL",
+    )
 
-    The fields are encoded as one JSON object with keys in sorted order, so reordering columns
-    in config does not change any hash; fields that are not declared (new upstream fields,
-    the raw payload, sync bookkeeping) are not part of it.
+
+def _steps(name: str, spec: ColumnSpec) -> tuple[_Step, ...]:
+    return parse_path(spec.path or name)
+
+
+def _leaf_type(spec: ColumnSpec) -> Any:
+    # A `[]` path already makes the result a list, so its leaf is the element type.
+    kind = _JSON_TYPES[spec.type]
+    if isinstance(kind, list) and "[]" in (spec.path or ""):
+        return kind[0]
+    return kind
+
+
+def _merge(tree: dict[str, Any], steps: Sequence[_Step], leaf: Any) -> None:
+    """Add one path to the nested json_transform structure."""
+    head, rest = steps[0], steps[1:]
+    if not rest:
+        tree[head.field] = [leaf] if head.each and not isinstance(leaf, list) else leaf
+        return
+    if head.each:
+        holder = tree.setdefault(head.field, [{}])
+        if not (isinstance(holder, list) and isinstance(holder[0], dict)):
+            raise ValueError(f"field {head.field!r} is used both as a value and as a list")
+        _merge(holder[0], rest, leaf)
+        return
+    sub = tree.setdefault(head.field, {})
+    if not isinstance(sub, dict):
+        raise ValueError(f"field {head.field!r} is used both as a value and as an object")
+    _merge(sub, rest, leaf)
+
+
+def _column_expr(steps: Sequence[_Step], base: str = "d") -> str:
+    """Navigate the transformed struct along a path; `[]` steps map over list elements."""
+    expr = base
+    for index, step in enumerate(steps):
+        expr = f"{expr}.{_q(step.field)}"
+        rest = steps[index + 1 :]
+        if step.each and rest:
+            var = f"x{index}"
+            return f"list_transform({expr}, lambda {var}: {_column_expr(rest, var)})"
+    return expr
+
+
+def _json_path(name: str, spec: ColumnSpec) -> str:
+    return "$" + "".join(f'."{step.field}"' for step in _steps(name, spec))
+
+
+def _dotted_json_path(path: str) -> str:
+    """JSON path of a dotted records path.
+
+    >>> _dotted_json_path("data.items")
+    '$."data"."items"'
     """
-    canonical = frame.select(pl.struct(sorted(columns)).struct.json_encode().alias("doc"))
-    # DuckDB hashes the whole column in native code; polars has no stable cryptographic hash.
-    with duckdb.connect() as con:
-        con.register("canonical", canonical.to_arrow())
-        hashed = con.sql("SELECT sha256(doc) AS h FROM canonical").to_arrow_table()
-    return pl.Series(HASH_COLUMN, hashed.column("h").to_pylist(), dtype=pl.String)
+    return "$" + "".join(f'."{part}"' for part in path.split("."))
 
 
-def _check_keys(frame: pl.DataFrame, config: SourceBase) -> None:
+def _q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _check(frame: pl.DataFrame, config: SourceBase) -> None:
+    bad = frame.filter(pl.col("_bad_value").is_not_null())
+    if bad.height:
+        row = bad.sort("_arrival").row(0, named=True)
+        column = row["_bad_value"]
+        value = _value_at(row[RAW_COLUMN], _steps(column, config.columns[column]))
+        key = {
+            k: _value_at(row[RAW_COLUMN], _steps(k, config.columns[k])) for k in config.primary_key
+        }
+        raise PayloadError(
+            f"source {config.name!r}: {_where(row['_arrival'])} (key {key}): field "
+            f"{column!r} value {value!r} is not a {config.columns[column].type}"
+            f" ({bad.height} such records)"
+        )
     missing = frame.filter(pl.any_horizontal(pl.col(config.primary_key).is_null()))
     if missing.height:
-        index = missing.get_column("_arrival")[0]
+        row = missing.sort("_arrival").row(0, named=True)
         raise PayloadError(
-            f"source {config.name!r}: record #{index} has no primary key "
+            f"source {config.name!r}: {_where(row['_arrival'])} has no primary key "
             f"{config.primary_key} ({missing.height} such records)"
         )
 
 
-def _parse_timestamps(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:
-    """Parse ISO-8601 text columns; text that does not parse fails loudly, never becomes NULL."""
-    names = [name for name, spec in config.columns.items() if spec.type == "timestamp"]
-    if not names:
-        return frame
-    parsed = frame.with_columns(
-        pl.col(name)
-        .str.to_datetime(time_zone="UTC", time_unit="us", strict=False)
-        .alias(f"_parsed_{name}")
-        for name in names
-    )
-    for name in names:
-        bad = parsed.filter(pl.col(f"_parsed_{name}").is_null() & pl.col(name).is_not_null())
-        if bad.height:
-            row = bad.row(0, named=True)
-            raise PayloadError(
-                f"source {config.name!r}: record #{row['_arrival']} field {name!r} "
-                f"value {row[name]!r} is not an ISO-8601 timestamp"
-            )
-    return parsed.with_columns(pl.col(f"_parsed_{n}").alias(n) for n in names).drop(
-        f"_parsed_{n}" for n in names
-    )
+def _where(arrival: int) -> str:
+    page, position = divmod(arrival, 1_000_000_000)
+    return f"document {page + 1} record #{position}"
 
 
-def _locate_payload_error(
-    records: list[dict[str, Any]], config: SourceBase, tree: dict[str, Any]
+def _value_at(raw: str, steps: Sequence[_Step]) -> Any:
+    value: Any = json.loads(raw)
+    for step in steps:
+        value = value.get(step.field) if isinstance(value, dict) else None
+    return value
+
+
+def _locate_bad_document(
+    con: duckdb.DuckDBPyConnection, config: SourceBase, error: duckdb.Error
 ) -> PayloadError:
-    """Find the first record the columnar decode choked on, to name it in the error."""
-    dtype = _tree_to_dtype(tree)
-    for index, record in enumerate(records):
-        try:
-            pl.Series([orjson.dumps(record).decode()]).str.json_decode(dtype)
-        except pl.exceptions.PolarsError as error:
-            key = {k: _json_value(record, _steps(k, config.columns[k])) for k in config.primary_key}
-            detail = str(error).splitlines()[0]
-            return PayloadError(
-                f"source {config.name!r}: record #{index} (key {key}) does not match the "
-                f"declared columns: {detail}"
-            )
-    return PayloadError(f"source {config.name!r}: records do not match the declared columns")
+    found = con.sql(
+        "SELECT doc_index FROM documents WHERE NOT json_valid(doc) ORDER BY doc_index LIMIT 1"
+    ).fetchall()
+    if found:
+        return PayloadError(f"source {config.name!r}: document {found[0][0] + 1} is not JSON")
+    detail = str(error).splitlines()[0]
+    return PayloadError(
+        f"source {config.name!r}: records do not fit the declared columns: {detail}"
+    )

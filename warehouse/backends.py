@@ -219,11 +219,15 @@ def describe_url(url: str) -> str:
 
     >>> describe_url("postgresql://app:s3cret@db:5432/prod?schema=cw")
     'postgresql://app@db:5432/prod?schema=cw'
+    >>> describe_url("postgresql://app:s3cret@[::1]:5432/prod")
+    'postgresql://app@[::1]:5432/prod'
     """
     parts = urlsplit(url)
     if parts.password is None:
         return url
     netloc = parts.hostname or ""
+    if ":" in netloc:
+        netloc = f"[{netloc}]"  # an IPv6 address keeps its brackets
     if parts.username:
         netloc = f"{parts.username}@{netloc}"
     if parts.port:

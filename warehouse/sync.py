@@ -101,7 +101,7 @@ def run_sync(
     )
     try:
         fetched = source.fetch(cursor=cursor)
-        frame = normalize(fetched.records, config, synced_at=started_at)
+        frame = normalize(fetched, config, synced_at=started_at)
         apply_sync(wh, config, frame, fetched, stats, started=started)
     except BaseException as error:
         _record_failure(wh, stats, error)
@@ -126,7 +126,7 @@ def apply_sync(
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
     stats.pages, stats.requests = fetched.pages, fetched.requests
-    stats.rows_fetched = len(fetched.records)
+    stats.rows_fetched = fetched.record_count if fetched.record_count is not None else frame.height
     finished_at = datetime.now(UTC)
     with wh.transaction():
         # Two syncs of one source must not interleave their read-diff-write; Dagster's tag
@@ -320,10 +320,12 @@ def _change_rows(
         *(pl.when(pl.col("kind") != "delete").then(pl.col(k)).alias(f"new_{k}") for k in keys),
     )
     is_update = pl.col("kind") == "update"
-    changed = pl.concat_list(
-        pl.when(~is_update | pl.col(f"old_{c}").ne_missing(pl.col(f"new_{c}"))).then(pl.lit(c))
-        for c in columns
-    ).list.drop_nulls()
+    changed = pl.when(is_update).then(
+        pl.concat_list(
+            pl.when(pl.col(f"old_{c}").ne_missing(pl.col(f"new_{c}"))).then(pl.lit(c))
+            for c in columns
+        ).list.drop_nulls()
+    )
     if len(keys) == 1:
         object_key = pl.col(keys[0]).cast(pl.String)
     else:

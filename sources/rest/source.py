@@ -49,7 +49,7 @@ class RestSource:
         self.client_factory = client_factory or HttpClient
 
     def fetch(self, *, cursor: str | None) -> FetchResult:
-        """Every record of every page (since ``cursor`` when incremental); raises on any failure."""
+        """Every page's JSON (since ``cursor`` when incremental); raises on any failure."""
         config = self.config
         params: dict[str, Any] = dict(config.params)
         if config.sync == "incremental" and cursor and config.incremental is not None:
@@ -57,8 +57,9 @@ class RestSource:
                 params[config.incremental.param] = cursor_param(cursor, config.incremental)
         paginator = make_paginator(config.paginator)
         request: PageRequest | None = paginator.first(config.url, params)
-        records: list[dict[str, Any]] = []
+        documents: list[bytes] = []
         pages = 0
+        record_count: int | None = 0 if paginator.reads_body else None
         with self.client_factory(policy=self.policy, name=config.name) as client:
             while request is not None:
                 if config.page_limit is not None and pages >= config.page_limit:
@@ -74,14 +75,22 @@ class RestSource:
                     headers={**config.headers, **headers},
                 )
                 pages += 1
-                body = self._decode(response, pages)
-                page_records = self._records(body, pages)
-                records.extend(page_records)
+                body: Any = None
+                page_records: list[dict[str, Any]] = []
+                if paginator.reads_body:
+                    body = self._decode(response, pages)
+                    page_records = self._records(body, pages)
+                    record_count = (record_count or 0) + len(page_records)
+                # Keep the bytes, not decoded objects: normalization splits and types them in
+                # one columnar pass (and 100k live dicts would cost more in GC than parsing).
+                documents.append(response.content)
                 with self._context(pages):
                     request = paginator.next(request, response, body, page_records)
             requests = client.requests
         return FetchResult(
-            records=records,
+            documents=documents,
+            records_path=config.records_path,
+            record_count=record_count,
             pages=pages,
             requests=requests,
             complete=config.sync == "snapshot",

@@ -10,9 +10,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from sources.base import SourceBase
+from sources.base import FetchResult, SourceBase
 from sources.errors import PayloadError
-from sources.normalize import HASH_COLUMN, RAW_COLUMN, content_hash, normalize
+from sources.normalize import HASH_COLUMN, RAW_COLUMN
+from sources.normalize import normalize as normalize_fetch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)
@@ -37,6 +38,10 @@ def issue_source(**overrides: object) -> SourceBase:
         },
     }
     return SourceBase.model_validate(settings | overrides)
+
+
+def normalize(records: list[dict], config: SourceBase, *, synced_at: datetime) -> pl.DataFrame:
+    return normalize_fetch(FetchResult.from_records(records), config, synced_at=synced_at)
 
 
 def load(name: str) -> list[dict]:
@@ -64,12 +69,12 @@ def test_content_hash_is_pinned() -> None:
     canonical = (
         '{"assignee":"ada","closed_at":null,"comments":3,"labels":["bug","security"],'
         '"number":1,"state":"open","title":"Crash on start",'
-        '"updated_at":"2026-01-02T10:00:00+00:00"}'
+        '"updated_at":"2026-01-02 10:00:00+00"}'
     )
     assert frame[HASH_COLUMN][0] == hashlib.sha256(canonical.encode()).hexdigest()
     assert frame[HASH_COLUMN].to_list() == [
-        "7de7926d1b8965a2aa987ad8796941f2a3b71e8370e777539682c2ebb04ffdcf",
-        "a2b8ec60ef157485f3fffa732f2e96781c58fe67095cc3b4461cbfdc6859f12c",
+        "ab7bc74e8bcf984ed8cc0f0e1d3910275c734c4c90e9cbb71a96ce33a9afd93e",
+        "ec35bbbabf4aa4e8e6e8427a85eedab2efe5abbec9edee3c3976d8568e53c3ec",
     ]
 
 
@@ -93,12 +98,31 @@ def test_hash_follows_every_declared_field() -> None:
     assert before[0] != after[0] and before[1] != after[1]
 
 
-def test_content_hash_of_nulls_differs_from_empty() -> None:
-    frame = pl.DataFrame(
-        {"a": [None, ""], "b": [[], None]}, schema={"a": pl.String, "b": pl.List(pl.String)}
+def test_hash_tells_null_from_empty() -> None:
+    source = issue_source(columns={"number": "bigint", "title": "text"}, updated_at=None)
+    frame = normalize(
+        [{"number": 1, "title": None}, {"number": 2, "title": ""}], source, synced_at=SYNCED_AT
     )
-    first, second = content_hash(frame, ["a", "b"]).to_list()
-    assert first != second
+    hashes = frame.drop("number").select(HASH_COLUMN)
+    assert hashes[HASH_COLUMN].n_unique() == 2
+
+
+def test_documents_split_at_records_path() -> None:
+    pages = [
+        {"data": {"items": load("github_issues_page.json")[:1]}},
+        {"data": {"items": load("github_issues_page.json")[1:]}},
+    ]
+    fetched = FetchResult(
+        documents=[json.dumps(p).encode() for p in pages], records_path="data.items"
+    )
+    frame = normalize_fetch(fetched, issue_source(), synced_at=SYNCED_AT)
+    assert frame["number"].to_list() == [1, 2]
+
+
+def test_document_that_is_not_json_is_named() -> None:
+    fetched = FetchResult(documents=[b"[]", b"<html>rate limited</html>"])
+    with pytest.raises(PayloadError, match="source 'gh': document 2 is not JSON"):
+        normalize_fetch(fetched, issue_source(), synced_at=SYNCED_AT)
 
 
 def test_object_seen_twice_keeps_newest_version() -> None:
@@ -121,11 +145,11 @@ def test_json_column_keeps_subdocument() -> None:
     [
         (
             {"number": "seven", "updated_at": "2026-01-01T00:00:00Z"},
-            "record #0 (key {'number': 'seven'})",
+            "document 1 record #0 (key {'number': 'seven'}): field 'number' value 'seven'",
         ),
         (
             {"number": 1, "updated_at": "last tuesday"},
-            "record #0 field 'updated_at' value 'last tuesday'",
+            "field 'updated_at' value 'last tuesday' is not a timestamp",
         ),
         ({"title": "no key", "updated_at": "2026-01-01T00:00:00Z"}, "record #0 has no primary key"),
     ],

@@ -44,7 +44,7 @@ def make_source(api: ApiServer, delays: list[float] | None = None, **settings: A
 
 
 def ids(result) -> list[int]:
-    return [record["id"] for record in result.records]
+    return [record["id"] for record in result.records()]
 
 
 # --- paginators -------------------------------------------------------------------------------

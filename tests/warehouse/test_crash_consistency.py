@@ -40,7 +40,7 @@ def check_consistent(url: str) -> dict[str, object]:
         log = wh.fetch_frame(
             "SELECT change_id, kind, object_key, new_hash FROM issues_changes ORDER BY change_id"
         )
-        (cursor, row_count, last_sync), = wh.fetch(
+        ((cursor, row_count, last_sync),) = wh.fetch(
             "SELECT cursor_value, row_count, last_sync_id FROM sync_state"
         )
         succeeded = wh.fetch(
@@ -53,9 +53,12 @@ def check_consistent(url: str) -> dict[str, object]:
     stored = rows.select(pl.col("number").cast(pl.String).alias("object_key"), "_content_hash")
     assert alive.join(stored, on="object_key", how="anti").height == 0
     assert stored.join(alive, on="object_key", how="anti").height == 0
-    assert alive.join(stored, on="object_key").filter(
-        pl.col("new_hash") != pl.col("_content_hash")
-    ).height == 0
+    assert (
+        alive.join(stored, on="object_key")
+        .filter(pl.col("new_hash") != pl.col("_content_hash"))
+        .height
+        == 0
+    )
     # The cursor is the one the last successful sync committed, never one from a lost sync.
     assert (last_sync, cursor) in succeeded
     return {"rows": rows.height, "changes": log.height, "cursor": cursor}
@@ -104,5 +107,5 @@ def test_kill_between_fetch_and_commit(warehouse_url: str, tmp_path: Path) -> No
             abandoned = wh.fetch("SELECT count(*) FROM sync_runs WHERE status = 'abandoned'")
         assert numbers.to_list() == sorted(i["number"] for i in api.tracker.snapshot())
         assert state["rows"] == len(api.tracker)
-        # Every killed attempt is visible as such in the run log.
-        assert abandoned[0][0] == 4
+        # Every attempt killed before its commit is visible as such in the run log.
+        assert abandoned[0][0] == outcomes.count("lost")

@@ -79,8 +79,10 @@ def test_first_sync_then_no_change_then_exact_changes(
         third = run_sync(wh, source)
         assert (third.inserted, third.updated, third.deleted) == (3, 4, 2)
         new = changes(wh).filter(pl.col("sync_id") == third.sync_id)
-        by_kind = {k: sorted(new.filter(pl.col("kind") == k)["object_key"].cast(int)) for k in
-                   ("insert", "update", "delete")}
+        by_kind = {
+            k: sorted(new.filter(pl.col("kind") == k)["object_key"].cast(int))
+            for k in ("insert", "update", "delete")
+        }
         assert by_kind == {
             "insert": sorted(mutation["created"]),
             "update": sorted(mutation["updated"]),

@@ -1,0 +1,140 @@
+"""Dagster instance settings: the project's dagster.yaml, and its documented PostgreSQL storage.
+
+The PostgreSQL storage block is the one commented in dagster.yaml, uncommented verbatim, so the
+documentation is what gets tested. It runs against a database of its own, created and dropped
+here, never the shared `test` database.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import dagster as dg
+import psycopg2
+import pytest
+import yaml
+from conftest import PG_URL  # the warehouse tests' server: if it is down, these fail too
+from dagster._core.run_coordinator import QueuedRunCoordinator
+
+from pipeline.assets import SOURCE_TAG
+from pipeline.config import load_config
+from pipeline.resources import WAREHOUSE_URL_ENV
+from pipeline.wiring import build_definitions
+from warehouse import connect
+
+REPO = Path(__file__).resolve().parents[2]
+PROJECT_DAGSTER_YAML = REPO / "dagster.yaml"
+
+
+def documented_postgres_storage() -> dict:
+    """The commented-out `storage: postgres:` block of dagster.yaml, uncommented."""
+    lines = PROJECT_DAGSTER_YAML.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "# storage:")
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("#   "):
+            break
+        block.append(line)
+    return yaml.safe_load("\n".join(line[2:] for line in block))
+
+
+@pytest.fixture
+def dagster_db() -> Iterator[str]:
+    """A fresh PostgreSQL database for Dagster's storage; the psycopg2 URL to it."""
+    name = f"changewatch_dagster_test_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(PG_URL)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        parts = urlsplit(PG_URL)
+        yield urlunsplit(parts._replace(scheme="postgresql+psycopg2", path=f"/{name}", query=""))
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.close()
+
+
+def test_project_dagster_yaml_is_a_valid_instance_config(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(PROJECT_DAGSTER_YAML, home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+
+    with dg.DagsterInstance.get() as instance:
+        assert not instance.is_ephemeral
+        assert Path(instance.root_directory) == home
+        # SQLite storage under DAGSTER_HOME, created on first use.
+        assert type(instance.run_storage).__name__ == "SqliteRunStorage"
+        assert instance.get_runs() == []
+        assert (home / "history" / "runs.db").is_file()
+
+        assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
+
+        coordinator = instance.run_coordinator
+        assert isinstance(coordinator, QueuedRunCoordinator)
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue.max_concurrent_runs == 4
+        limits = [dict(limit) for limit in queue.tag_concurrency_limits]
+        assert {
+            "key": SOURCE_TAG,
+            "value": {"applyLimitPerUniqueValue": True},
+            "limit": 1,
+        } in limits
+        assert instance.get_settings("telemetry")["enabled"] is False
+
+
+def test_documented_postgres_storage_records_runs_and_materializations(
+    tmp_path, monkeypatch, demo_env, dagster_db
+):
+    storage = documented_postgres_storage()
+    assert storage["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
+    settings = yaml.safe_load(PROJECT_DAGSTER_YAML.read_text(encoding="utf-8"))
+    settings["storage"] = storage["storage"]
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_PG_URL", dagster_db)
+    warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse)
+
+    defs = build_definitions(load_config())
+    with dg.DagsterInstance.get() as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        # The warehouse pool limit from dagster.yaml lives in the Postgres storage too.
+        assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
+        result = dg.materialize(
+            list(defs.assets),  # type: ignore[arg-type]
+            instance=instance,
+            resources=defs.resources,
+            tags={SOURCE_TAG: "demo_issues"},
+        )
+        assert result.success
+        [run] = instance.get_runs()
+        assert run.run_id == result.run_id
+        assert run.status == dg.DagsterRunStatus.SUCCESS
+        event = instance.get_latest_materialization_event(dg.AssetKey("issues"))
+        assert event is not None and event.run_id == result.run_id
+        assert event.asset_materialization.metadata["inserted"].value == len(demo_env.tracker)
+
+    # What Dagster wrote is in the dedicated database: read it back with plain SQL.
+    plain_url = dagster_db.replace("postgresql+psycopg2://", "postgresql://")
+    with closing(psycopg2.connect(plain_url)) as con:
+        with con.cursor() as cur:
+            cur.execute("SELECT run_id, status, pipeline_name FROM runs")
+            assert cur.fetchall() == [(result.run_id, "SUCCESS", "__ephemeral_asset_job__")]
+            cur.execute(
+                "SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
+                (result.run_id, "ASSET_MATERIALIZATION"),
+            )
+            assert cur.fetchone() == (1,)
+    # And the sync itself went to the DuckDB warehouse, not to Dagster's database.
+    with connect(warehouse) as wh:
+        assert wh.fetch('SELECT count(*) FROM "issues"') == [(len(demo_env.tracker),)]

@@ -1,0 +1,280 @@
+"""The sync sensor: one run key per source and slot, evaluated by hand and by the real daemon.
+
+The first tests drive the sensor factory with a controllable clock. The daemon test loads the
+code location from pipeline/definitions.py (in a real gRPC code server) against a real SQLite
+instance configured with the project's dagster.yaml `concurrency` block, ticks the sensor with
+Dagster's sensor daemon and launches the queued runs with the queued-run-coordinator daemon,
+which runs them in real subprocesses against the demo API and a DuckDB warehouse.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
+from dagster._core.workspace.load_target import PythonFileTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+    QueuedRunCoordinatorDaemon,
+)
+from dagster._daemon.sensor import execute_sensor_iteration
+
+from pipeline.assets import SOURCE_TAG
+from pipeline.config import load_config
+from pipeline.resources import WAREHOUSE_URL_ENV
+from pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
+from pipeline.timing import jitter_offset
+from pipeline.wiring import build_definitions
+from warehouse import connect
+
+REPO = Path(__file__).resolve().parents[2]
+WATCHES = REPO / "watches.yaml"
+SLOT_TAG = "changewatch/slot"
+RUN_KEY_TAG = "dagster/run_key"
+
+
+# --- the sensor with a controllable clock -------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_config(path: Path, **overrides: object) -> Path:
+    data = yaml.safe_load(WATCHES.read_text(encoding="utf-8"))
+    data["sources"][0].update(overrides)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def clocked(
+    config_path: Path, clock: Clock, instance: dg.DagsterInstance
+) -> Callable[[], list[dg.RunRequest]]:
+    """Evaluate the sensor of ``config_path``'s interval sources at ``clock``'s time."""
+    config = load_config(config_path)
+    defs = build_definitions(config, environ={})
+    sensor = sync_sensor(config.sources, list(defs.jobs or []), clock=clock)  # type: ignore[arg-type]
+    full = dg.Definitions(
+        assets=defs.assets, jobs=defs.jobs, sensors=[sensor], resources=defs.resources
+    )
+
+    def evaluate() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(instance=instance, definitions=full)
+        return list(sensor.evaluate_tick(context).run_requests or [])
+
+    return evaluate
+
+
+def key_at(evaluate: Callable[[], list[dg.RunRequest]], clock: Clock, when: float) -> str:
+    clock.now = when
+    [request] = evaluate()
+    return request.run_key  # type: ignore[return-value]
+
+
+def boundary(evaluate, clock: Clock, low: float, high: float) -> float:
+    """The first moment in (low, high] whose run key differs from the one at ``low``."""
+    first = key_at(evaluate, clock, low)
+    assert key_at(evaluate, clock, high) != first
+    while high - low > 1e-6:
+        middle = (low + high) / 2
+        low, high = (middle, high) if key_at(evaluate, clock, middle) == first else (low, middle)
+    return high
+
+
+def test_run_key_is_stable_within_a_slot_and_changes_in_the_next(instance):
+    config = load_config(WATCHES)
+    source = config.source("demo_issues")
+    clock = Clock(0.0)
+    evaluate = clocked(WATCHES, clock, instance)
+
+    start = boundary(evaluate, clock, 1_800_000_000.0, 1_800_000_000.0 + source.interval)
+    inside = [start + f * source.interval for f in (0, 0.001, 0.25, 0.5, 0.999)]
+    keys = {key_at(evaluate, clock, t) for t in inside}
+    assert len(keys) == 1, keys
+    [key] = keys
+    name, slot = key.split(":")
+    assert name == source.name
+    assert key_at(evaluate, clock, start - 0.001) == f"{name}:{int(slot) - 1}"
+    assert key_at(evaluate, clock, start + source.interval) == f"{name}:{int(slot) + 1}"
+    # Each slot lasts exactly one interval.
+    assert boundary(evaluate, clock, start, start + 1.5 * source.interval) == pytest.approx(
+        start + source.interval, abs=1e-5
+    )
+
+    clock.now = start + source.interval / 3
+    [request] = evaluate()
+    assert request.job_name == sync_job_name(source) == "sync_demo_issues"
+    assert request.tags[SOURCE_TAG] == source.name
+    assert request.tags[SLOT_TAG] == slot
+
+
+def test_jitter_shifts_slots_by_a_stable_offset_without_changing_their_length(tmp_path, instance):
+    config = load_config(WATCHES)
+    source = config.source("demo_issues")
+    assert 0 < source.jitter < source.interval
+    clock = Clock(0.0)
+    jittered = clocked(WATCHES, clock, instance)
+    plain = clocked(write_config(tmp_path / "plain.yaml", jitter=0), clock, instance)
+
+    origin = 1_800_000_000.0 - 1_800_000_000.0 % source.interval  # a multiple of the interval
+    plain_start = boundary(plain, clock, origin - source.interval / 2, origin + source.interval / 2)
+    assert plain_start == pytest.approx(origin, abs=1e-5)
+    start = boundary(jittered, clock, origin - 1e-3, origin + source.interval - 1e-3)
+    offset = start - origin
+    assert 0 <= offset < source.jitter
+    assert offset == pytest.approx(jitter_offset(source.name, source.jitter), abs=1e-5)
+    # The slot still lasts one interval, and the shift is the same one slot later ...
+    assert boundary(jittered, clock, start, start + 1.5 * source.interval) == pytest.approx(
+        start + source.interval, abs=1e-5
+    )
+    # ... and after a restart: a new sensor built from the same file keys the same slots.
+    again = clocked(WATCHES, clock, instance)
+    for t in (start, start + source.interval / 2, start + source.interval - 1e-3):
+        assert key_at(again, clock, t) == key_at(jittered, clock, t)
+    # Another source with the same schedule gets its own offset, so they do not fire together.
+    other = clocked(write_config(tmp_path / "other.yaml", name="other_issues"), clock, instance)
+    other_start = boundary(other, clock, origin - 1e-3, origin + source.interval - 1e-3)
+    assert other_start - origin != pytest.approx(offset, abs=1e-3)
+
+
+# --- the real sensor daemon and queued run coordinator -----------------------------------------
+
+INTERVAL = 3.0  # seconds: long enough for two ticks in one slot, short enough to wait for the next
+
+
+def sleep_until_slot_start(interval: float) -> int:
+    """Sleep to just after the next slot boundary; returns that slot's index."""
+    slot = math.floor(time.time() / interval) + 1
+    time.sleep(max(0.0, slot * interval + 0.05 - time.time()))
+    return slot
+
+
+def tick(workspace, at: float) -> None:
+    # The daemon's own clock decides whether minimum_interval_seconds has passed; the sensor's
+    # slot comes from the real clock in the code server.
+    with freeze_time(at):
+        list(execute_sensor_iteration(workspace, logging.getLogger("test_sensor"), None, None))
+
+
+def ticks(instance: dg.DagsterInstance) -> list:
+    [state] = instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+    return list(reversed(instance.get_ticks(state.instigator_origin_id, state.selector_id)))
+
+
+def wait_for_success(instance: dg.DagsterInstance, run_id: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.is_finished:
+            errors = [
+                str(event.dagster_event.step_failure_data.error)
+                for event in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE)
+            ]
+            assert run.status == dg.DagsterRunStatus.SUCCESS, errors
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} did not finish in {timeout}s")
+
+
+def launch_queued(workspace) -> None:
+    list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(workspace))
+
+
+def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time(
+    demo_env, tmp_path, monkeypatch
+):
+    config_file = write_config(tmp_path / "watches.yaml", interval=f"{INTERVAL:g}s", jitter=0)
+    warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
+    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config_file))
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse)
+    config = load_config()
+    interval_sources = [s for s in config.sources if s.cron is None]
+    assert [s.name for s in interval_sources] == ["demo_issues"]
+    project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
+    target = PythonFileTarget(
+        python_file=str(REPO / "pipeline" / "definitions.py"),
+        attribute=None,
+        working_directory=str(REPO),
+        location_name="changewatch",
+    )
+    with (
+        dg.instance_for_test(overrides={"concurrency": project["concurrency"]}) as instance,
+        create_test_daemon_workspace_context(target, instance) as workspace,
+    ):
+        # -- first tick of a slot: one queued run per interval source -----------------------------
+        slot = sleep_until_slot_start(INTERVAL)
+        tick(workspace, time.time())
+        runs = instance.get_runs()
+        assert len(runs) == len(interval_sources) == 1
+        [first] = runs
+        assert first.status == dg.DagsterRunStatus.QUEUED
+        assert first.job_name == "sync_demo_issues"
+        assert first.tags[SOURCE_TAG] == "demo_issues"
+        assert first.tags[RUN_KEY_TAG] == f"demo_issues:{slot}"
+        assert first.tags[SLOT_TAG] == str(slot)
+        assert first.tags["dagster/sensor_name"] == SYNC_SENSOR
+
+        # -- a second tick in the same slot requests the same key: no new run ---------------------
+        tick(workspace, time.time() + 31)
+        assert math.floor(time.time() / INTERVAL) == slot, "second tick left the slot: too slow"
+        assert len(ticks(instance)) == 2  # the sensor was evaluated again, not skipped
+        latest = ticks(instance)[-1]
+        assert latest.status == TickStatus.SKIPPED
+        assert latest.run_ids == []
+        assert [r.run_id for r in instance.get_runs()] == [first.run_id]
+
+        # -- the next slot: a new run -------------------------------------------------------------
+        next_slot = sleep_until_slot_start(INTERVAL)
+        assert next_slot == slot + 1
+        tick(workspace, time.time() + 62)
+        assert len(ticks(instance)) == 3
+        runs = instance.get_runs()
+        assert len(runs) == 2
+        second = next(r for r in runs if r.run_id != first.run_id)
+        assert second.tags[RUN_KEY_TAG] == f"demo_issues:{next_slot}"
+        assert second.tags[SOURCE_TAG] == "demo_issues"
+        assert second.status == dg.DagsterRunStatus.QUEUED
+
+        # -- the coordinator launches one sync of the source; the other waits its turn -----------
+        launch_queued(workspace)
+        assert instance.get_run_by_id(first.run_id).status != dg.DagsterRunStatus.QUEUED
+        assert instance.get_run_by_id(second.run_id).status == dg.DagsterRunStatus.QUEUED
+        launch_queued(workspace)  # the first sync is still starting: nothing more to launch
+        assert not instance.get_run_by_id(first.run_id).is_finished
+        assert instance.get_run_by_id(second.run_id).status == dg.DagsterRunStatus.QUEUED
+
+        wait_for_success(instance, first.run_id)
+        launch_queued(workspace)  # the tag's slot is free again
+        wait_for_success(instance, second.run_id)
+
+        records = instance.fetch_materializations(dg.AssetKey("issues"), limit=10).records
+        by_run = {
+            r.run_id: {k: v.value for k, v in r.asset_materialization.metadata.items()}
+            for r in records
+        }
+        issues = len(demo_env.tracker)
+        assert by_run[first.run_id]["inserted"] == issues
+        assert by_run[second.run_id]["inserted"] == 0
+        assert by_run[second.run_id]["unchanged"] == issues
+
+    with connect(warehouse) as wh:
+        assert wh.fetch('SELECT count(*) FROM "issues"') == [(issues,)]
+        rows = wh.fetch("SELECT dagster_run_id, status FROM sync_runs ORDER BY started_at")
+    assert rows == [(first.run_id, "succeeded"), (second.run_id, "succeeded")]
