@@ -14,13 +14,16 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
+from evaluators.config import Watch
+from evaluators.filters import CompiledFilter, FilterError, compile_filter
 from sources import SourceConfig
 
 __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "ConfigError",
-    "WatchConfig",
+    "ChangewatchConfig",
     "config_path",
     "load_config",
 ]
@@ -36,24 +39,51 @@ class ConfigError(Exception):
     """The watches file is invalid; the message lists every problem as ``file:line: key: why``."""
 
 
-class WatchConfig(BaseModel):
+class ChangewatchConfig(BaseModel):
     """The whole watches file."""
 
     model_config = ConfigDict(extra="forbid")
 
     version: int = 1
     sources: list[Annotated[SourceConfig, Field()]] = Field(default_factory=list)
+    channels: list[ChannelConfig] = Field(default_factory=list)
+    watches: list[Watch] = Field(default_factory=list)
+    digests: list[DigestConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> WatchConfig:
-        for attribute in ("name", "table"):
+    def _unique_names(self) -> ChangewatchConfig:
+        for kind, items, attribute in (
+            ("sources", self.sources, "name"),
+            ("sources", self.sources, "table"),
+            ("channels", self.channels, "name"),
+            ("watches", self.watches, "name"),
+            ("digests", self.digests, "name"),
+        ):
             seen: set[str] = set()
-            for source in self.sources:
-                value = getattr(source, attribute)
+            for item in items:
+                value = getattr(item, attribute)
                 if value in seen:
-                    raise ValueError(f"two sources share the {attribute} {value!r}")
+                    raise ValueError(f"two {kind} share the {attribute} {value!r}")
                 seen.add(value)
         return self
+
+    def filters(self, watch: Watch) -> dict[str, CompiledFilter]:
+        """The watch's filter compiled against each of its sources' columns."""
+        return {
+            name: compile_filter(
+                watch.where,
+                watch=watch.name,
+                columns={c: spec.type for c, spec in self.source(name).columns.items()},
+            )
+            for name in watch.sources
+        }
+
+    def channel(self, name: str) -> ChannelConfig:
+        """The channel called ``name``."""
+        for channel in self.channels:
+            if channel.name == name:
+                return channel
+        raise KeyError(f"no channel {name!r}; known: {[c.name for c in self.channels]}")
 
     def source(self, name: str) -> SourceConfig:
         """The source called ``name``; KeyError names the known ones."""
@@ -68,7 +98,7 @@ def config_path(path: str | Path | None = None) -> Path:
     return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
-def load_config(path: str | Path | None = None) -> WatchConfig:
+def load_config(path: str | Path | None = None) -> ChangewatchConfig:
     """Read, expand and validate the watches file; raise ``ConfigError`` on any problem."""
     file = config_path(path)
     try:
@@ -89,14 +119,25 @@ def load_config(path: str | Path | None = None) -> WatchConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     try:
-        config = WatchConfig.model_validate(data)
+        config = ChangewatchConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(_describe(error, root, file)) from None
 
-    for index, source in enumerate(config.sources):
-        for name in source.env_vars():
+    for loc, message in _cross_checks(config):
+        problems.append(f"{file}:{_line(root, loc)}: {_dotted(_data_loc(root, loc))}: {message}")
+    for section, items in (("sources", config.sources), ("channels", config.channels)):
+        for index, item in enumerate(items):
+            for name in item.env_vars():
+                if name not in os.environ:
+                    loc = (section, index, *_env_key_path(root, section, index, name))
+                    problems.append(
+                        f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
+                        f"{name} is not set"
+                    )
+    for index, watch in enumerate(config.watches):
+        for name in watch.judge.env_vars() if watch.judge else []:
             if name not in os.environ:
-                loc = ("sources", index, *_env_key_path(root, index, name))
+                loc = ("watches", index, "judge", "api_key_env")
                 problems.append(
                     f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
                     f"{name} is not set"
@@ -104,6 +145,42 @@ def load_config(path: str | Path | None = None) -> WatchConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     return config
+
+
+def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
+    """References between sections, and every watch's filter against its sources."""
+    sources = {s.name for s in config.sources}
+    channels = {c.name: c for c in config.channels}
+    watches = {w.name for w in config.watches}
+    problems: list[tuple[tuple, str]] = []
+    for i, watch in enumerate(config.watches):
+        for j, name in enumerate(watch.sources):
+            if name not in sources:
+                problems.append((("watches", i, "sources", j), f"unknown source {name!r}"))
+        for j, name in enumerate(watch.channels):
+            if name not in channels:
+                problems.append((("watches", i, "channels", j), f"unknown channel {name!r}"))
+        if all(name in sources for name in watch.sources):
+            try:
+                config.filters(watch)
+            except FilterError as error:
+                problems.append((("watches", i, "where"), str(error)))
+    for i, digest in enumerate(config.digests):
+        for j, name in enumerate(digest.watches):
+            if name not in watches:
+                problems.append((("digests", i, "watches", j), f"unknown watch {name!r}"))
+        if digest.channel is not None:
+            channel = channels.get(digest.channel)
+            if channel is None:
+                problems.append((("digests", i, "channel"), f"unknown channel {digest.channel!r}"))
+            elif not isinstance(channel, EmailChannelConfig):
+                problems.append(
+                    (
+                        ("digests", i, "channel"),
+                        f"channel {digest.channel!r} is not an email channel",
+                    )
+                )
+    return problems
 
 
 def _to_python(node: yaml.Node) -> Any:
@@ -191,8 +268,8 @@ def _dotted(loc: tuple) -> str:
     return text or "(top level)"
 
 
-def _env_key_path(root: yaml.Node, index: int, name: str) -> tuple:
-    """Path under ``sources[index]`` of the scalar whose value is the env var ``name``."""
+def _env_key_path(root: yaml.Node, section: str, index: int, name: str) -> tuple:
+    """Path under ``section[index]`` of the scalar whose value is the env var ``name``."""
 
     def search(node: yaml.Node, path: tuple) -> tuple | None:
         if isinstance(node, yaml.MappingNode):
@@ -204,5 +281,5 @@ def _env_key_path(root: yaml.Node, index: int, name: str) -> tuple:
                     return found
         return None
 
-    node, _ = _walk(root, ("sources", index))
+    node, _ = _walk(root, (section, index))
     return search(node, ()) or ()

@@ -7,9 +7,11 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from evaluators.config import Watch
+from evaluators.judge import Judge, build_client
 from warehouse import DEFAULT_URL, Warehouse, connect, describe_url
 
-__all__ = ["WAREHOUSE_URL_ENV", "WarehouseResource", "warehouse_resource"]
+__all__ = ["WAREHOUSE_URL_ENV", "JudgeResource", "WarehouseResource", "warehouse_resource"]
 
 WAREHOUSE_URL_ENV = "CHANGEWATCH_WAREHOUSE_URL"
 
@@ -35,3 +37,16 @@ def warehouse_resource(environ: dict[str, str]) -> WarehouseResource:
     if environ.get(WAREHOUSE_URL_ENV):
         return WarehouseResource(url=dg.EnvVar(WAREHOUSE_URL_ENV))
     return WarehouseResource(url=DEFAULT_URL)
+
+
+class JudgeResource(dg.ConfigurableResource):
+    """Builds the LLM judge of a watch: an openai client for the watch's endpoint and model.
+
+    The endpoint, model and the *name* of the key's environment variable come from the watch;
+    the key itself is read from the environment when the client is built, never stored.
+    """
+
+    def judge_for(self, watch: Watch) -> Judge | None:
+        if watch.judge is None:
+            return None
+        return Judge(watch.judge, client=build_client(watch.judge))

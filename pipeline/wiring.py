@@ -3,34 +3,67 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import dagster as dg
 
 from pipeline.assets import SOURCE_TAG, sync_asset
-from pipeline.config import WatchConfig
-from pipeline.resources import warehouse_resource
+from pipeline.config import ChangewatchConfig
+from pipeline.resources import JudgeResource, warehouse_resource
 from pipeline.sensors import cron_schedule, sync_job_name, sync_sensor
+from pipeline.watch_assets import (
+    NOTIFICATIONS_ASSET,
+    digest_asset,
+    evaluation_asset,
+    evaluation_asset_name,
+    notifications_asset,
+)
 
 __all__ = ["build_definitions"]
 
 
 def build_definitions(
-    config: WatchConfig, *, environ: dict[str, str] | None = None
+    config: ChangewatchConfig, *, environ: dict[str, str] | None = None
 ) -> dg.Definitions:
-    """Assets, jobs, the sync sensor, cron schedules and resources for ``config``."""
+    """Assets, jobs, the sync sensor, schedules and resources for ``config``.
+
+    Lineage: each source's sync asset feeds the evaluation assets of the watches over it,
+    which feed the ``notifications`` (delivery) asset, which feeds each digest.
+    """
     environ = dict(os.environ) if environ is None else environ
     assets = [sync_asset(source) for source in config.sources]
-    jobs = {
-        source.name: dg.define_asset_job(
+    assets += [evaluation_asset(watch, config) for watch in config.watches]
+    if config.watches:
+        assets.append(notifications_asset(config))
+    digests = {digest.name: digest_asset(digest, config) for digest in config.digests}
+    assets += list(digests.values())
+
+    jobs = {}
+    for source in config.sources:
+        # A sync run carries its changes all the way: sync, evaluate, deliver.
+        selected = [source.table] + [
+            evaluation_asset_name(w) for w in config.watches if source.name in w.sources
+        ]
+        if len(selected) > 1:
+            selected.append(NOTIFICATIONS_ASSET)
+        jobs[source.name] = dg.define_asset_job(
             sync_job_name(source),
-            selection=dg.AssetSelection.assets(source.table),
+            selection=dg.AssetSelection.assets(*selected),
             tags={SOURCE_TAG: source.name},
             # Steps run inside the run's process: one process holds the DuckDB file at a time.
             executor_def=dg.in_process_executor,
-            description=f"Sync source {source.name} into table {source.table}.",
+            description=f"Sync source {source.name} into table {source.table}"
+            + (", evaluate its watches and deliver." if len(selected) > 1 else "."),
         )
-        for source in config.sources
-    }
+    digest_jobs = [
+        dg.define_asset_job(
+            f"digest_{name}_job",
+            selection=dg.AssetSelection.assets(asset.key),
+            executor_def=dg.in_process_executor,
+            description=f"Send the {name} digest of one day.",
+        )
+        for name, asset in digests.items()
+    ]
     interval_sources = [s for s in config.sources if s.cron is None]
     sensors = (
         [sync_sensor(interval_sources, [jobs[s.name] for s in interval_sources])]
@@ -38,11 +71,34 @@ def build_definitions(
         else []
     )
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
+    schedules += [
+        _digest_schedule(digest, job)
+        for digest, job in zip(config.digests, digest_jobs, strict=True)
+    ]
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()),
+        jobs=list(jobs.values()) + digest_jobs,
         sensors=sensors,
         schedules=schedules,
-        resources={"warehouse": warehouse_resource(environ)},
+        resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},
         executor=dg.in_process_executor,
     )
+
+
+def _digest_schedule(digest, job: dg.UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:
+    """At the digest's cron time, send the digest of the day before (in its timezone)."""
+
+    @dg.schedule(
+        name=f"digest_{digest.name}_schedule",
+        cron_schedule=digest.cron,
+        execution_timezone=digest.timezone,
+        job=job,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=f"Sends the {digest.name} digest on cron '{digest.cron}' ({digest.timezone}).",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        day = (context.scheduled_execution_time - timedelta(days=1)).date().isoformat()
+        # The partition is the run key: the daemon requests each day's digest once.
+        return dg.RunRequest(run_key=f"{digest.name}:{day}", partition_key=day)
+
+    return _schedule

@@ -6,18 +6,15 @@ trust-auth server) is down, they fail, so CI cannot pass without exercising Post
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import adbc_driver_postgresql.dbapi as adbc
 import pytest
+from cw_testing import PG_URL, REPO
 
 from sources.demo import DemoAPIServer, DemoTracker
-
-PG_URL = os.environ.get("CHANGEWATCH_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

@@ -56,6 +56,15 @@ class Warehouse(ABC):
     def unstage(self, name: str) -> None:
         """Drop a staged frame."""
 
+    @contextmanager
+    def staged(self, name: str, frame: pl.DataFrame) -> Iterator[str]:
+        """Stage ``frame`` as ``name`` for a ``with`` block; yields the quoted table name."""
+        self.stage(name, frame)
+        try:
+            yield '"' + name.replace('"', '""') + '"'
+        finally:
+            self.unstage(name)
+
     @abstractmethod
     def lock(self, key: str) -> None:
         """Hold an exclusive lock on ``key`` until the current transaction ends."""

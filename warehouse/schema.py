@@ -6,7 +6,14 @@ from sources.base import SourceBase
 from warehouse.backends import Warehouse
 from warehouse.statements import quote, render
 
-__all__ = ["SQL_TYPES", "changes_table", "ensure_bookkeeping", "ensure_source_tables"]
+__all__ = [
+    "SQL_TYPES",
+    "changes_table",
+    "ensure_bookkeeping",
+    "ensure_delivery_tables",
+    "ensure_evaluation_tables",
+    "ensure_source_tables",
+]
 
 SQL_TYPES = {
     "text": "TEXT",
@@ -32,7 +39,28 @@ def changes_table(table: str) -> str:
 
 def ensure_bookkeeping(wh: Warehouse) -> None:
     """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
+    _ddl_lock(wh)
     for name in ("create_sync_state", "create_sync_runs"):
+        wh.execute(render(name, wh.dialect))
+
+
+def ensure_evaluation_tables(wh: Warehouse) -> None:
+    """Create the tables watches write: watermarks, evaluations, verdict cache, outbox."""
+    _ddl_lock(wh)
+    for name in (
+        "create_watch_state",
+        "create_evaluations",
+        "create_judge_cache",
+        "create_outbox",
+        "create_deliveries",
+    ):
+        wh.execute(render(name, wh.dialect))
+
+
+def ensure_delivery_tables(wh: Warehouse) -> None:
+    """Create the outbox, delivery and digest tables (idempotent)."""
+    _ddl_lock(wh)
+    for name in ("create_outbox", "create_deliveries", "create_digests"):
         wh.execute(render(name, wh.dialect))
 
 
@@ -41,6 +69,7 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
 
     Returns the columns added to existing tables (empty on creation or when nothing changed).
     """
+    _ddl_lock(wh)
     table, changes = config.table, changes_table(config.table)
     sequence = f"{changes}_seq"
     column_defs = ", ".join(
@@ -94,3 +123,9 @@ def _add_missing_columns(wh: Warehouse, table: str, wanted: dict[str, str]) -> l
     for name in missing:
         wh.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(name)} {SQL_TYPES[wanted[name]]}")
     return missing
+
+
+def _ddl_lock(wh: Warehouse) -> None:
+    # Two transactions running CREATE TABLE IF NOT EXISTS at once can both miss the table and
+    # then collide in Postgres' catalog; serialize schema changes for the transaction.
+    wh.lock("changewatch:ddl")

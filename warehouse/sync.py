@@ -204,7 +204,7 @@ def _stored_hashes(
             render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
         )
     # Incremental: look up only the fetched keys, so cost follows what the API returned.
-    with _staged(wh, "cw_fetched_keys", frame.select(config.primary_key)) as stage:
+    with wh.staged("cw_fetched_keys", frame.select(config.primary_key)) as stage:
         return wh.fetch_frame(
             render(
                 "select_hashes_entity_staged",
@@ -230,7 +230,7 @@ def _write_changes(
     touched = changes.filter(pl.col("kind") != "insert").select(keys)
     old_rows = pl.DataFrame()
     if touched.height:
-        with _staged(wh, "cw_touched_keys", touched) as stage:
+        with wh.staged("cw_touched_keys", touched) as stage:
             old_rows = wh.fetch_frame(
                 render(
                     "select_rows_entity_staged",
@@ -258,7 +258,7 @@ def _write_changes(
             )
     upserts = frame.join(changes.filter(pl.col("kind") != "delete").select(keys), on=keys)
     if upserts.height:
-        with _staged(wh, "cw_upserts", upserts) as stage:
+        with wh.staged("cw_upserts", upserts) as stage:
             wh.execute(
                 render(
                     "insert_entity_staged",
@@ -271,7 +271,7 @@ def _write_changes(
             )
     log = _change_rows(config, frame, old_rows, changes, sync_id, detected_at)
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    with _staged(wh, "cw_changes", log) as stage:
+    with wh.staged("cw_changes", log) as stage:
         wh.execute(
             render(
                 "insert_changes_staged",
@@ -366,20 +366,6 @@ def _select_list(
 
 def _key_join(keys: list[str]) -> str:
     return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
-
-
-class _staged:
-    """Context manager staging a frame as a temporary table on the warehouse connection."""
-
-    def __init__(self, wh: Warehouse, name: str, frame: pl.DataFrame) -> None:
-        self.wh, self.name, self.frame = wh, name, frame
-
-    def __enter__(self) -> str:
-        self.wh.stage(self.name, self.frame)
-        return quote(self.name)
-
-    def __exit__(self, *exc: object) -> None:
-        self.wh.unstage(self.name)
 
 
 def _stored_cursor(wh: Warehouse, config: SourceBase) -> str | None:

@@ -18,7 +18,7 @@ import dagster as dg
 import psycopg2
 import pytest
 import yaml
-from conftest import PG_URL  # the warehouse tests' server: if it is down, these fail too
+from cw_testing import PG_URL  # the warehouse tests' server: if it is down, these fail too
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
 from pipeline.assets import SOURCE_TAG

@@ -192,7 +192,7 @@ def test_concurrent_syncs_of_one_source_do_not_duplicate(demo_api: DemoAPIServer
     """Two processes' worth of connections race on Postgres; the advisory lock serializes them."""
     import uuid
 
-    from conftest import PG_URL
+    from cw_testing import PG_URL
 
     url = f"{PG_URL}?schema=cw_race_{uuid.uuid4().hex[:10]}"
     with connect(url) as wh:

@@ -1,0 +1,169 @@
+"""What every channel delivers (a Notification), how it fails (DeliveryError), and its shape."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from typing import Any, Protocol, runtime_checkable
+from uuid import UUID
+
+__all__ = [
+    "URGENCIES",
+    "Channel",
+    "DeliveryError",
+    "Notification",
+    "jsonable",
+    "notification_id_for",
+    "safe_link",
+    "strip_controls",
+]
+
+URGENCIES = ("low", "normal", "high", "urgent")
+
+# C0 controls (but tab and newline), DEL and C1 controls: upstream text must not be able to
+# drive a terminal (ANSI escapes) or forge extra lines in a header.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def notification_id_for(dedupe_key: str) -> str:
+    """The stable id of the notification with this dedupe key: same key, same id, every time.
+
+    It is the Standard Webhooks `webhook-id` and the basis of the email Message-ID, so a
+    retry of one notification is recognisably the same message to every receiver.
+    """
+    return "ntf_" + hashlib.sha256(dedupe_key.encode("utf-8")).hexdigest()[:32]
+
+
+def strip_controls(text: str) -> str:
+    """`text` without control characters other than tab and newline (CR becomes newline)."""
+    return _CONTROLS.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def safe_link(url: str | None) -> str | None:
+    """`url` if it is an absolute http(s) URL fit to be a link, else None (no javascript:...)."""
+    if not url:
+        return None
+    url = url.strip()
+    if re.match(r"^https?://[^\s/?#]+", url, re.IGNORECASE) and not re.search(r"[\s<>\"]", url):
+        return url
+    return None
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data: datetimes in ISO 8601, Decimals as strings, sets sorted.
+
+    Non-finite floats become None (JSON has no NaN). Mapping keys become strings.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC)
+            return value.isoformat().replace("+00:00", "Z")
+        return value.isoformat()
+    if isinstance(value, date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, set | frozenset):
+        items = [jsonable(v) for v in value]
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """One change worth telling someone about, ready for any channel."""
+
+    # Stable id derived from the dedupe key (see notification_id_for): the same across retries.
+    notification_id: str
+    watch: str
+    source: str
+    object_key: str
+    kind: str
+    title: str
+    body: str
+    url: str | None
+    urgency: str
+    summary: str | None
+    created_at: datetime
+    # Extra JSON-able data: changed columns, old/new values... Not part of the hash.
+    payload: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.notification_id:
+            raise ValueError("notification_id must not be empty")
+        if self.urgency not in URGENCIES:
+            raise ValueError(f"urgency must be one of {URGENCIES}, got {self.urgency!r}")
+        if self.created_at.tzinfo is None or self.created_at.utcoffset() is None:
+            raise ValueError("created_at must be timezone-aware")
+
+    def to_json(self) -> dict[str, Any]:
+        """A stable JSON dict: the same notification always gives the same dict."""
+        return {
+            "notification_id": self.notification_id,
+            "watch": self.watch,
+            "source": self.source,
+            "object_key": self.object_key,
+            "kind": self.kind,
+            "title": self.title,
+            "body": self.body,
+            "url": self.url,
+            "urgency": self.urgency,
+            "summary": self.summary,
+            "created_at": jsonable(self.created_at),
+            "payload": jsonable(self.payload),
+        }
+
+    def to_json_bytes(self) -> bytes:
+        """`to_json()` serialized canonically (sorted keys, compact, UTF-8): stable bytes."""
+        return json.dumps(
+            self.to_json(), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+        ).encode("utf-8")
+
+
+class DeliveryError(Exception):
+    """A channel could not deliver a notification.
+
+    `retryable` tells the caller whether trying the same notification again later may work
+    (connection refused, 5xx, rate limit) or never will (bad address, 4xx, bad credentials).
+    `retry_after` is the receiver's own hint in seconds, when it gave one.
+    Messages never contain secrets.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+    def __repr__(self) -> str:
+        return f"DeliveryError({str(self)!r}, retryable={self.retryable})"
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """Somewhere notifications go. `send` returns once delivered or raises DeliveryError."""
+
+    name: str
+
+    def send(self, notification: Notification) -> None: ...

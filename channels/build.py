@@ -1,0 +1,41 @@
+"""Turn a channel's configuration into the channel that delivers to it."""
+
+from __future__ import annotations
+
+from channels.apprise_channel import AppriseChannel
+from channels.base import Channel
+from channels.config import (
+    AppriseChannelConfig,
+    ConsoleChannelConfig,
+    EmailChannelConfig,
+    FileChannelConfig,
+    WebhookChannelConfig,
+)
+from channels.console import ConsoleChannel
+from channels.email import EmailChannel
+from channels.file import FileChannel
+from channels.webhook import WebhookChannel
+
+__all__ = ["build_channel"]
+
+
+def build_channel(
+    config: ConsoleChannelConfig
+    | FileChannelConfig
+    | EmailChannelConfig
+    | WebhookChannelConfig
+    | AppriseChannelConfig,
+) -> Channel:
+    """The channel for `config`. Secrets are read from the environment at send time."""
+    match config:
+        case ConsoleChannelConfig():
+            return ConsoleChannel(config.name)
+        case FileChannelConfig():
+            return FileChannel(config.name, config.path)
+        case EmailChannelConfig():
+            return EmailChannel(config)
+        case WebhookChannelConfig():
+            return WebhookChannel(config)
+        case AppriseChannelConfig():
+            return AppriseChannel(config)
+    raise TypeError(f"no channel for configuration of type {type(config).__name__}")

@@ -1,0 +1,190 @@
+"""Settings of delivery channels and digests, as declared in the watches file."""
+
+from __future__ import annotations
+
+import re
+import string
+from datetime import date
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sources.base import Identifier
+
+__all__ = [
+    "AppriseChannelConfig",
+    "ChannelConfig",
+    "ConsoleChannelConfig",
+    "DigestConfig",
+    "EmailChannelConfig",
+    "FileChannelConfig",
+    "WebhookChannelConfig",
+]
+
+# The fields a digest's subject template may use.
+SUBJECT_FIELDS = ("count", "window", "name", "watches", "start", "end")
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not an environment variable name: put the variable's name here, "
+            "never the secret itself"
+        )
+    return value
+
+
+def _email(value: str) -> str:
+    if not _EMAIL.match(value):
+        raise ValueError(f"{value!r} is not an email address")
+    return value
+
+
+EnvVarName = Annotated[str, AfterValidator(_env_name)]
+EmailAddress = Annotated[str, AfterValidator(_email)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def env_vars(self) -> list[str]:
+        """Names of the environment variables this channel reads (none by default)."""
+        return []
+
+
+class ConsoleChannelConfig(_Model):
+    """Print each notification on standard output (and in the Dagster run log)."""
+
+    name: Identifier
+    type: Literal["console"]
+
+
+class FileChannelConfig(_Model):
+    """Append each notification as one JSON line to a file."""
+
+    name: Identifier
+    type: Literal["file"]
+    path: str
+
+
+class EmailChannelConfig(_Model):
+    """Send each notification as an email over SMTP."""
+
+    name: Identifier
+    type: Literal["email"]
+    host: str
+    port: int = Field(default=587, gt=0, lt=65536)
+    # starttls: plain connection upgraded with STARTTLS (port 587); ssl: TLS from the first
+    # byte (port 465); none: no encryption (a local relay or a test server only).
+    security: Literal["starttls", "ssl", "none"] = "starttls"
+    username: str | None = None
+    password_env: EnvVarName | None = None
+    from_address: EmailAddress = Field(alias="from")
+    to: list[EmailAddress] = Field(min_length=1)
+    timeout: float = Field(default=30.0, gt=0)
+    # A PEM bundle of CAs to trust for the server's certificate instead of the system's (a
+    # private relay, a test server with a self-signed certificate). Not a secret.
+    ca_file: str | None = None
+
+    def env_vars(self) -> list[str]:
+        return [self.password_env] if self.password_env else []
+
+
+class WebhookChannelConfig(_Model):
+    """POST each notification as JSON, signed per the Standard Webhooks scheme."""
+
+    name: Identifier
+    type: Literal["webhook"]
+    url: str
+    # A Standard Webhooks secret ("whsec_" + base64), read from this environment variable.
+    secret_env: EnvVarName | None = None
+    timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"webhook url must be http(s), got {value!r}")
+        return value
+
+    def env_vars(self) -> list[str]:
+        return [self.secret_env] if self.secret_env else []
+
+
+class AppriseChannelConfig(_Model):
+    """Send each notification through Apprise (Slack, Discord, Telegram, ntfy, Matrix...).
+
+    Apprise URLs embed their tokens (`slack://T.../B.../xyz`), so the URL itself is read from
+    the environment variable named here, like every other secret.
+    """
+
+    name: Identifier
+    type: Literal["apprise"]
+    url_env: EnvVarName
+    timeout: float = Field(default=30.0, gt=0)
+
+    def env_vars(self) -> list[str]:
+        return [self.url_env]
+
+
+ChannelConfig = Annotated[
+    ConsoleChannelConfig
+    | FileChannelConfig
+    | EmailChannelConfig
+    | WebhookChannelConfig
+    | AppriseChannelConfig,
+    Field(discriminator="type"),
+]
+
+
+class DigestConfig(_Model):
+    """A periodic email summarizing the notifications of the watches it covers."""
+
+    name: Identifier
+    cron: str = "0 8 * * *"
+    timezone: str = "UTC"
+    # The email channel whose SMTP settings (and, unless `to` is given, recipients) it uses.
+    # Without one the digest is only written to output_dir (the demo does this).
+    channel: Identifier | None = None
+    to: list[EmailAddress] | None = None
+    watches: list[Identifier] = Field(min_length=1)
+    subject: str = "changewatch digest: {count} change(s) for {window}"
+    send_empty: bool = False
+    # Without a reachable SMTP server (the demo), digests are also written here as .eml/.html.
+    output_dir: str | None = None
+    # The first day a digest exists for (backfills start here).
+    start_date: date = date(2026, 1, 1)
+
+    @model_validator(mode="after")
+    def _somewhere_to_go(self) -> DigestConfig:
+        if self.channel is None and self.output_dir is None:
+            raise ValueError("a digest needs an email channel, an output_dir, or both")
+        return self
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{value!r} is not a known time zone (e.g. 'Europe/Berlin')") from None
+        return value
+
+    @field_validator("subject")
+    @classmethod
+    def _known_subject_fields(cls, value: str) -> str:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+        except ValueError as exc:
+            raise ValueError(f"digest subject {value!r}: {exc}") from None
+        unknown = [f for f in fields if f not in SUBJECT_FIELDS]
+        if unknown:
+            raise ValueError(
+                f"digest subject: unknown field(s) {unknown}; use {', '.join(SUBJECT_FIELDS)}"
+            )
+        return value

@@ -1,0 +1,82 @@
+"""Settings of a watch: which changes matter (SQL filter, LLM judge), where they go, how often."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sources.base import Identifier
+
+__all__ = ["DedupePolicy", "JudgeConfig", "Watch"]
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not an environment variable name: put the variable's name here, "
+            "never the key itself"
+        )
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JudgeConfig(_Model):
+    """An LLM asked, per change that passed the filter, whether it meets a condition."""
+
+    condition: str = Field(min_length=3)
+    examples: list[str] = []
+    negative_examples: list[str] = []
+    model: str
+    # Any OpenAI-compatible endpoint: OpenAI, Ollama (http://localhost:11434/v1), vLLM,
+    # llama.cpp server. None: the openai client's default (OPENAI_BASE_URL or api.openai.com).
+    base_url: str | None = None
+    api_key_env: Annotated[str, AfterValidator(_env_name)] | None = None
+    min_confidence: float = Field(default=0.5, ge=0, le=1)
+    # What happens to a change when the judge cannot answer (unreachable, no valid verdict
+    # after retries, call cap reached): hold it for the next run, notify anyway, or drop it.
+    on_unavailable: Literal["hold", "notify", "drop"] = "hold"
+    timeout: float = Field(default=30.0, gt=0)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    max_calls_per_run: int = Field(default=50, gt=0)
+
+    def env_vars(self) -> list[str]:
+        return [self.api_key_env] if self.api_key_env else []
+
+
+# per_object: at most one notification per object, ever (until the condition changes).
+# per_version: one per content version of the object (a new edit can notify again).
+# per_transition: one per (old version -> new version) change.
+DedupePolicy = Literal["per_object", "per_version", "per_transition"]
+
+
+class Watch(_Model):
+    """Changes of one or more sources that someone wants to hear about."""
+
+    name: Identifier
+    sources: list[Identifier] = Field(min_length=1)
+    description: str | None = None
+    # A SQL boolean over one change (see evaluators/filters.py for the names it may use).
+    where: str = "TRUE"
+    judge: JudgeConfig | None = None
+    channels: list[Identifier] = []
+    dedupe: DedupePolicy = "per_version"
+    # Jinja templates (sandboxed) rendered per notification.
+    title: str = "{{ watch }}: {{ kind }} of {{ source }} {{ key }}"
+    body: str = "{{ summary }}"
+    url: str = "{{ current.html_url or current.url or '' }}"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: object) -> object:
+        # `source: x` is shorthand for `sources: [x]`.
+        if isinstance(data, dict) and "source" in data and "sources" not in data:
+            data = dict(data)
+            data["sources"] = [data.pop("source")]
+        return data

@@ -1,0 +1,514 @@
+"""One evaluation of one watch: new changes -> SQL filter -> judge -> evaluations + outbox.
+
+Reads the changes after the watch's watermark (plus the ones it held), filters them inside the
+warehouse, asks the judge only about the survivors (each verdict cached by content, and saved
+the moment it arrives), then writes the evaluations, the notifications and the new watermark
+in one transaction. Notifications are keyed by data, so running this twice, concurrently, or
+again after a crash never creates a second one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+from jinja2.sandbox import SandboxedEnvironment
+
+from channels.base import notification_id_for
+from evaluators.config import Watch
+from evaluators.filters import CompiledFilter
+from evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
+from sources.base import SourceBase
+from warehouse.backends import Warehouse
+from warehouse.schema import changes_table, ensure_evaluation_tables
+from warehouse.statements import quote, render
+
+__all__ = ["EvaluationStats", "condition_version", "dedupe_key", "evaluate_watch"]
+
+_TEMPLATES = SandboxedEnvironment(autoescape=False)
+# After this many judge failures in a row, the rest of the run treats the judge as down.
+_BREAKER = 3
+
+
+@dataclass
+class EvaluationStats:
+    """What one evaluation did; every field is also materialization metadata."""
+
+    watch: str
+    changes_read: int = 0
+    passed_filter: int = 0
+    judged: int = 0
+    judge_cache_hits: int = 0
+    notified: int = 0
+    suppressed_duplicates: int = 0
+    held: int = 0
+    dropped: int = 0
+    judge_errors: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    duration_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def condition_version(watch: Watch) -> str:
+    """Hash of what decides whether a change notifies: the filter and the judge's prompt.
+
+    Part of every dedupe key: editing the condition may notify again about the same object.
+    """
+    judged = judge_version(watch.judge) if watch.judge else ""
+    return hashlib.sha256(f"{watch.where}\x00{judged}".encode()).hexdigest()[:16]
+
+
+def dedupe_key(
+    watch: Watch,
+    source: str,
+    object_key: str,
+    old_hash: str | None,
+    new_hash: str | None,
+    version: str,
+) -> str:
+    """The data-derived key a notification is unique by, per the watch's dedupe policy.
+
+        >>> from channels.base import notification_id_for
+    from evaluators.config import Watch
+        >>> w = Watch(name="w", sources=["s"], dedupe="per_object")
+        >>> dedupe_key(w, "s", "7", "a", "b", "v1")
+        'w|s|7|v1'
+    """
+    if watch.dedupe == "per_object":
+        part = ""
+    elif watch.dedupe == "per_version":
+        part = new_hash or f"deleted:{old_hash}"
+    else:  # per_transition
+        part = f"{old_hash or ''}>{new_hash or ''}"
+    return "|".join(p for p in (watch.name, source, object_key, part, version) if p)
+
+
+def evaluate_watch(
+    wh: Warehouse,
+    watch: Watch,
+    sources: Mapping[str, SourceBase],
+    filters: Mapping[str, CompiledFilter],
+    *,
+    judge: Judge | None = None,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> EvaluationStats:
+    """Evaluate every unsettled change of ``watch`` over its ``sources``; return the counts.
+
+    ``filters`` maps each source name to the watch's compiled filter for that source.
+    ``judge`` is required when the watch declares one (the caller builds it, so tests and
+    deployments choose the endpoint).
+    """
+    started = time.perf_counter()
+    stats = EvaluationStats(watch=watch.name)
+    version = condition_version(watch)
+    calls_left = watch.judge.max_calls_per_run if watch.judge else 0
+    with wh.transaction():
+        ensure_evaluation_tables(wh)
+    for name in watch.sources:
+        source = sources[name]
+        changes = _candidates(wh, watch, source, filters[name])
+        stats.changes_read += changes.height
+        if changes.is_empty():
+            continue
+        passed = changes.filter(pl.col("_passed"))
+        stats.passed_filter += passed.height
+        verdicts: dict[int, _Decision] = {}
+        if watch.judge is not None and passed.height:
+            assert judge is not None, f"watch {watch.name!r} declares a judge but none was given"
+            verdicts, calls_left = _judge_all(wh, watch, source, passed, judge, calls_left, stats)
+        evaluated_at = now()
+        evaluations, outbox = _decide(watch, source, changes, verdicts, version, evaluated_at)
+        _commit(wh, watch, source, changes, evaluations, outbox, version, evaluated_at, stats)
+    stats.duration_s = round(time.perf_counter() - started, 3)
+    return stats
+
+
+@dataclass
+class _Decision:
+    """The judge's part of one change's evaluation."""
+
+    decision: str  # notify | skip | held | dropped
+    verdict: Verdict | None = None
+    outcome: JudgeOutcome | None = None
+    cache_hit: bool = False
+    error: str | None = None
+
+
+def _candidates(
+    wh: Warehouse, watch: Watch, source: SourceBase, compiled: CompiledFilter
+) -> pl.DataFrame:
+    rows = wh.fetch(render("select_watch_state", wh.dialect), (watch.name, source.name))
+    watermark = rows[0][0] if rows else 0
+    statement = render(
+        "select_candidate_changes",
+        wh.dialect,
+        changes=quote(changes_table(source.table)),
+        filter=compiled.to_sql(wh.dialect, alias="c"),  # type: ignore[arg-type]
+    )
+    return wh.fetch_frame(statement, (watermark, watch.name, source.name))
+
+
+def _content_hash(row: Mapping[str, Any]) -> str:
+    return row["new_hash"] or f"deleted:{row['old_hash']}"
+
+
+def _values(row: Mapping[str, Any], prefix: str, columns: list[str]) -> dict[str, Any] | None:
+    if (prefix == "old_" and row["kind"] == "insert") or (
+        prefix == "new_" and row["kind"] == "delete"
+    ):
+        return None
+    return {c: row[prefix + c] for c in columns}
+
+
+def _judge_all(
+    wh: Warehouse,
+    watch: Watch,
+    source: SourceBase,
+    passed: pl.DataFrame,
+    judge: Judge,
+    calls_left: int,
+    stats: EvaluationStats,
+) -> tuple[dict[int, _Decision], int]:
+    """Verdicts for the changes that passed the filter: cached ones first, then the model."""
+    config = watch.judge
+    assert config is not None
+    version = judge_version(config)
+    hashes = passed.select(
+        pl.coalesce("new_hash", pl.lit("deleted:") + pl.col("old_hash")).alias("content_hash")
+    ).unique()
+    wh.stage("cw_judge_keys", hashes)
+    try:
+        cached = wh.fetch_frame(
+            render("select_judge_cache_staged", wh.dialect, stage=quote("cw_judge_keys")),
+            (watch.name, version, config.model),
+        )
+    finally:
+        wh.unstage("cw_judge_keys")
+    cache = {row["content_hash"]: row for row in cached.iter_rows(named=True)}
+    columns = list(source.columns)
+    decisions: dict[int, _Decision] = {}
+    judged_now: dict[str, _Decision] = {}  # identical content in one run is judged once
+    unavailable = {"hold": "held", "notify": "notify", "drop": "dropped"}[config.on_unavailable]
+    failures_in_a_row, last_error = 0, None
+    for row in passed.iter_rows(named=True):
+        content = _content_hash(row)
+        if content in cache:
+            hit = cache[content]
+            verdict = Verdict(
+                reasoning=hit["reasoning"],
+                should_notify=hit["should_notify"],
+                urgency=hit["urgency"],
+                summary=hit["summary"],
+                confidence=hit["confidence"],
+            )
+            decisions[row["change_id"]] = _Decision(
+                _verdict_decision(verdict, config.min_confidence), verdict, cache_hit=True
+            )
+            stats.judge_cache_hits += 1
+            continue
+        if content in judged_now:
+            decisions[row["change_id"]] = judged_now[content]
+            continue
+        if calls_left <= 0:
+            # Over the per-run cap: wait for the next run rather than decide unjudged.
+            decisions[row["change_id"]] = _Decision("held", error="per-run judge call cap reached")
+            continue
+        if failures_in_a_row >= _BREAKER:
+            # The judge is down: stop spending time on calls that will fail the same way.
+            decisions[row["change_id"]] = _Decision(unavailable, error=last_error)
+            continue
+        calls_left -= 1
+        outcome = judge.evaluate(
+            ChangeForJudge(
+                watch=watch.name,
+                source=source.name,
+                kind=row["kind"],
+                object_key=row["object_key"],
+                old=_values(row, "old_", columns),
+                new=_values(row, "new_", columns),
+                changed_columns=row["changed_columns"],
+                url=_render(watch.url, _context(watch, source, row, None)) or None,
+            )
+        )
+        stats.judged += 1
+        stats.prompt_tokens += outcome.prompt_tokens
+        stats.completion_tokens += outcome.completion_tokens
+        if outcome.verdict is None:
+            stats.judge_errors += 1
+            failures_in_a_row += 1
+            last_error = f"judge unavailable: {outcome.error}"
+            decision = _Decision(unavailable, outcome=outcome, error=outcome.error)
+        else:
+            failures_in_a_row = 0
+            _save_verdict(wh, watch, content, outcome)
+            decision = _Decision(
+                _verdict_decision(outcome.verdict, config.min_confidence),
+                outcome.verdict,
+                outcome=outcome,
+            )
+        judged_now[content] = decision
+        decisions[row["change_id"]] = decision
+    return decisions, calls_left
+
+
+def _verdict_decision(verdict: Verdict, min_confidence: float) -> str:
+    return "notify" if verdict.should_notify and verdict.confidence >= min_confidence else "skip"
+
+
+def _save_verdict(wh: Warehouse, watch: Watch, content: str, outcome: JudgeOutcome) -> None:
+    """Store a verdict at once, in its own transaction: a crash later must not cost a call."""
+    verdict = outcome.verdict
+    assert verdict is not None
+    with wh.transaction():
+        wh.execute(
+            render("insert_judge_cache", wh.dialect),
+            (
+                watch.name,
+                content,
+                outcome.judge_version,
+                outcome.model,
+                verdict.should_notify,
+                verdict.urgency,
+                verdict.summary,
+                verdict.reasoning,
+                verdict.confidence,
+                outcome.prompt_tokens,
+                outcome.completion_tokens,
+                outcome.latency_ms,
+                datetime.now(UTC),
+            ),
+        )
+
+
+def _context(
+    watch: Watch, source: SourceBase, row: Mapping[str, Any], verdict: Verdict | None
+) -> dict[str, Any]:
+    columns = list(source.columns)
+    old, new = _values(row, "old_", columns), _values(row, "new_", columns)
+    changed = row["changed_columns"] or []
+    summary = (
+        verdict.summary
+        if verdict
+        else (
+            f"{row['kind']} of {source.name} {row['object_key']}"
+            + (f": {', '.join(changed)} changed" if changed else "")
+        )
+    )
+    return {
+        "watch": watch.name,
+        "source": source.name,
+        "kind": row["kind"],
+        "key": row["object_key"],
+        "change_id": row["change_id"],
+        "old": old or {},
+        "new": new or {},
+        "current": new or old or {},
+        "changed": changed,
+        "summary": summary,
+        "urgency": verdict.urgency if verdict else "normal",
+        "reasoning": verdict.reasoning if verdict else "",
+    }
+
+
+def _render(template: str, context: Mapping[str, Any]) -> str:
+    return _TEMPLATES.from_string(template).render(**context).strip()
+
+
+def _decide(
+    watch: Watch,
+    source: SourceBase,
+    changes: pl.DataFrame,
+    verdicts: Mapping[int, _Decision],
+    version: str,
+    evaluated_at: datetime,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Evaluation rows for every change, and the notifications of those that notify.
+
+    Changes the filter rejected are settled column-wise; only the survivors (few, and each
+    possibly judged) are handled one by one.
+    """
+    rejected = changes.filter(~pl.col("_passed")).select(
+        pl.lit(watch.name).alias("watch"),
+        pl.lit(source.name).alias("source"),
+        "change_id",
+        "object_key",
+        "kind",
+        pl.coalesce("new_hash", "old_hash").alias("content_hash"),
+        pl.lit(False).alias("passed_filter"),
+        pl.lit("skip").alias("decision"),
+        pl.lit(evaluated_at).alias("evaluated_at"),
+    )
+    rows, notifications = [], []
+    judge = watch.judge
+    for row in changes.filter(pl.col("_passed")).iter_rows(named=True):
+        judged = verdicts[row["change_id"]] if judge else _Decision("notify")
+        verdict, outcome = judged.verdict, judged.outcome
+        record: dict[str, Any] = {
+            "watch": watch.name,
+            "source": source.name,
+            "change_id": row["change_id"],
+            "object_key": row["object_key"],
+            "kind": row["kind"],
+            "content_hash": row["new_hash"] or row["old_hash"],
+            "passed_filter": True,
+            "decision": judged.decision,
+            "should_notify": verdict.should_notify if verdict else None,
+            "urgency": verdict.urgency if verdict else None,
+            "summary": verdict.summary if verdict else None,
+            "reasoning": verdict.reasoning if verdict else None,
+            "confidence": verdict.confidence if verdict else None,
+            "model": judge.model if judge else None,
+            "judge_version": judge_version(judge) if judge else None,
+            "judge_error": judged.error,
+            "cache_hit": judged.cache_hit if judge else None,
+            "prompt_tokens": outcome.prompt_tokens if outcome else None,
+            "completion_tokens": outcome.completion_tokens if outcome else None,
+            "latency_ms": outcome.latency_ms if outcome else None,
+            "notification_id": None,
+            "evaluated_at": evaluated_at,
+        }
+        if judged.decision == "notify":
+            context = _context(watch, source, row, verdict)
+            key = dedupe_key(
+                watch, source.name, row["object_key"], row["old_hash"], row["new_hash"], version
+            )
+            record["notification_id"] = notification_id_for(key)
+            notifications.append(
+                {
+                    "notification_id": record["notification_id"],
+                    "dedupe_key": key,
+                    "watch": watch.name,
+                    "source": source.name,
+                    "object_key": row["object_key"],
+                    "kind": row["kind"],
+                    "change_id": row["change_id"],
+                    "title": _render(watch.title, context),
+                    "body": _render(watch.body, context),
+                    "url": _render(watch.url, context) or None,
+                    "urgency": context["urgency"],
+                    "summary": context["summary"],
+                    "payload": json.dumps(
+                        {
+                            "changed": context["changed"],
+                            "old": context["old"],
+                            "new": context["new"],
+                        },
+                        default=str,
+                        sort_keys=True,
+                    ),
+                    "created_at": evaluated_at,
+                }
+            )
+        rows.append(record)
+    evaluations = pl.concat(
+        [
+            pl.DataFrame(rows, schema=_EVALUATION_SCHEMA),
+            rejected.with_columns(pl.col("evaluated_at").cast(pl.Datetime("us", "UTC"))),
+        ],
+        how="diagonal_relaxed",
+    ).select(list(_EVALUATION_SCHEMA))
+    outbox = pl.DataFrame(notifications, schema=_OUTBOX_SCHEMA).unique("notification_id")
+    return evaluations, outbox
+
+
+_EVALUATION_SCHEMA = {
+    "watch": pl.String,
+    "source": pl.String,
+    "change_id": pl.Int64,
+    "object_key": pl.String,
+    "kind": pl.String,
+    "content_hash": pl.String,
+    "passed_filter": pl.Boolean,
+    "decision": pl.String,
+    "should_notify": pl.Boolean,
+    "urgency": pl.String,
+    "summary": pl.String,
+    "reasoning": pl.String,
+    "confidence": pl.Float64,
+    "model": pl.String,
+    "judge_version": pl.String,
+    "judge_error": pl.String,
+    "cache_hit": pl.Boolean,
+    "prompt_tokens": pl.Int32,
+    "completion_tokens": pl.Int32,
+    "latency_ms": pl.Int32,
+    "notification_id": pl.String,
+    "evaluated_at": pl.Datetime("us", "UTC"),
+}
+_OUTBOX_SCHEMA = {
+    "notification_id": pl.String,
+    "dedupe_key": pl.String,
+    "watch": pl.String,
+    "source": pl.String,
+    "object_key": pl.String,
+    "kind": pl.String,
+    "change_id": pl.Int64,
+    "title": pl.String,
+    "body": pl.String,
+    "url": pl.String,
+    "urgency": pl.String,
+    "summary": pl.String,
+    "payload": pl.String,
+    "created_at": pl.Datetime("us", "UTC"),
+}
+
+
+def _commit(
+    wh: Warehouse,
+    watch: Watch,
+    source: SourceBase,
+    changes: pl.DataFrame,
+    evaluations: pl.DataFrame,
+    outbox: pl.DataFrame,
+    version: str,
+    evaluated_at: datetime,
+    stats: EvaluationStats,
+) -> None:
+    """Evaluations, notifications, deliveries and the watermark: one transaction."""
+    with wh.transaction():
+        # Evaluations of one watch never interleave (the outbox key would keep them correct,
+        # but the counts of notified and suppressed would not be).
+        wh.lock(f"changewatch:evaluate:{watch.name}")
+        existing: set[str] = set()
+        if outbox.height:
+            with wh.staged("cw_outbox", outbox) as stage:
+                existing = set(
+                    wh.fetch_frame(render("select_outbox_existing_staged", wh.dialect, stage=stage))
+                    .get_column("notification_id")
+                    .to_list()
+                )
+                wh.execute(render("insert_outbox_staged", wh.dialect, stage=stage))
+            fresh = outbox.filter(~pl.col("notification_id").is_in(list(existing)))
+            deliveries = fresh.select("notification_id", "created_at").join(
+                pl.DataFrame({"channel": watch.channels}, schema={"channel": pl.String}),
+                how="cross",
+            )
+            if deliveries.height:
+                with wh.staged("cw_deliveries", deliveries) as stage:
+                    wh.execute(render("insert_deliveries_staged", wh.dialect, stage=stage))
+            stats.notified += fresh.height
+            stats.suppressed_duplicates += outbox.height - fresh.height
+        evaluations = evaluations.with_columns(
+            pl.when(pl.col("notification_id").is_in(list(existing)))
+            .then(pl.lit("duplicate"))
+            .otherwise(pl.col("decision"))
+            .alias("decision")
+        )
+        stats.held += evaluations.filter(pl.col("decision") == "held").height
+        stats.dropped += evaluations.filter(pl.col("decision") == "dropped").height
+        with wh.staged("cw_evaluations", evaluations) as stage:
+            wh.execute(render("upsert_evaluations_staged", wh.dialect, stage=stage))
+        wh.execute(
+            render("upsert_watch_state", wh.dialect),
+            (watch.name, source.name, changes.get_column("change_id").max(), version, evaluated_at),
+        )

@@ -1,0 +1,159 @@
+"""Evaluation, delivery and digest assets: sync -> evaluation -> notifications -> digest."""
+
+# No `from __future__ import annotations` here: Dagster reads the asset function's annotations
+# at definition time to recognise the context and resource parameters.
+
+import dagster as dg
+from dagster import AssetExecutionContext
+
+from channels.config import DigestConfig
+from evaluators.config import Watch
+from evaluators.evaluate import evaluate_watch
+from pipeline.assets import WAREHOUSE_POOL
+from pipeline.config import ChangewatchConfig
+from pipeline.resources import JudgeResource, WarehouseResource
+
+__all__ = [
+    "NOTIFICATIONS_ASSET",
+    "WATCH_TAG",
+    "digest_asset",
+    "digest_partitions",
+    "evaluation_asset",
+    "evaluation_asset_name",
+    "notifications_asset",
+]
+
+WATCH_TAG = "changewatch/watch"
+NOTIFICATIONS_ASSET = "notifications"
+
+
+def evaluation_asset_name(watch: Watch) -> str:
+    return f"eval_{watch.name}"
+
+
+def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefinition:
+    """The asset that evaluates ``watch``'s new changes into evaluations and notifications."""
+    sources = {name: config.source(name) for name in watch.sources}
+    filters = config.filters(watch)
+    judged = (
+        f" then asks {watch.judge.model} whether: {watch.judge.condition}" if watch.judge else ""
+    )
+
+    @dg.asset(
+        name=evaluation_asset_name(watch),
+        group_name="evaluation",
+        pool=WAREHOUSE_POOL,
+        deps=[dg.AssetKey(source.table) for source in sources.values()],
+        kinds={"sql", "python"} | ({"openai"} if watch.judge else set()),
+        tags={WATCH_TAG: watch.name},
+        description=(
+            watch.description
+            or f"Watch {watch.name}: filters the new changes of {', '.join(sources)} with "
+            f"`{watch.where}`{judged}; writes `evaluations` and queues notifications in "
+            f"`outbox` (dedupe {watch.dedupe})."
+        ),
+    )
+    def _evaluate(
+        context: AssetExecutionContext, warehouse: WarehouseResource, judges: JudgeResource
+    ) -> dg.MaterializeResult:
+        judge = judges.judge_for(watch)
+        with warehouse.connect() as wh:
+            stats = evaluate_watch(wh, watch, sources, filters, judge=judge)
+        if stats.held:
+            context.log.warning(
+                f"{watch.name}: {stats.held} change(s) held: the judge was unavailable "
+                f"({watch.judge.on_unavailable if watch.judge else ''} policy) or the per-run "
+                "call cap was reached; they are evaluated again next run"
+            )
+        context.log.info(
+            f"{watch.name}: read {stats.changes_read}, passed filter {stats.passed_filter}, "
+            f"judged {stats.judged} (cache hits {stats.judge_cache_hits}), notified "
+            f"{stats.notified}, duplicates {stats.suppressed_duplicates}, held {stats.held}"
+        )
+        return dg.MaterializeResult(
+            metadata={
+                "changes_read": stats.changes_read,
+                "passed_filter": stats.passed_filter,
+                "judged": stats.judged,
+                "judge_cache_hits": stats.judge_cache_hits,
+                "judge_errors": stats.judge_errors,
+                "notified": stats.notified,
+                "suppressed_duplicates": stats.suppressed_duplicates,
+                "held": stats.held,
+                "dropped": stats.dropped,
+                "prompt_tokens": stats.prompt_tokens,
+                "completion_tokens": stats.completion_tokens,
+                "duration_s": dg.MetadataValue.float(stats.duration_s),
+            }
+        )
+
+    return _evaluate
+
+
+def notifications_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
+    """The asset that delivers due notifications to their channels, with retries."""
+    from channels.outbox import deliver_due
+
+    @dg.asset(
+        name=NOTIFICATIONS_ASSET,
+        group_name="delivery",
+        pool=WAREHOUSE_POOL,
+        deps=[dg.AssetKey(evaluation_asset_name(w)) for w in config.watches],
+        kinds={"email", "python"},
+        description=(
+            "Sends every due notification in `outbox` to its channels "
+            f"({', '.join(c.name for c in config.channels) or 'none configured'}), recording "
+            "each attempt in `deliveries`; failures retry with exponential backoff, then go "
+            "to the dead-letter state."
+        ),
+    )
+    def _deliver(
+        context: AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        with warehouse.connect() as wh:
+            stats = deliver_due(wh, config.channels)
+        for line in stats.log:
+            context.log.info(line)
+        return dg.MaterializeResult(metadata=stats.metadata())
+
+    return _deliver
+
+
+def digest_partitions(digest: DigestConfig) -> dg.DailyPartitionsDefinition:
+    # end_offset=1: today's window exists too (sent on demand); the schedule sends yesterday.
+    return dg.DailyPartitionsDefinition(
+        start_date=digest.start_date.isoformat(), timezone=digest.timezone, end_offset=1
+    )
+
+
+def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDefinition:
+    """A daily-partitioned digest email of the notifications of some watches."""
+    from channels.outbox import send_digest_window
+
+    channel = config.channel(digest.channel) if digest.channel else None
+
+    @dg.asset(
+        name=f"digest_{digest.name}",
+        group_name="digest",
+        pool=WAREHOUSE_POOL,
+        partitions_def=digest_partitions(digest),
+        deps=[dg.AssetKey(NOTIFICATIONS_ASSET)],
+        kinds={"email"},
+        description=(
+            f"Digest {digest.name}: one email per day ({digest.timezone}) of the notifications "
+            f"of {', '.join(digest.watches)}, grouped by watch; each window is sent once "
+            "(recorded in `digests`), so re-runs and backfills never send it twice."
+        ),
+    )
+    def _digest(
+        context: AssetExecutionContext, warehouse: WarehouseResource
+    ) -> dg.MaterializeResult:
+        window = context.partition_time_window
+        with warehouse.connect() as wh:
+            result = send_digest_window(
+                wh, digest, channel, window_start=window.start, window_end=window.end
+            )
+        context.log.info(f"digest {digest.name} {context.partition_key}: {result.status}")
+        return dg.MaterializeResult(metadata=result.metadata())
+
+    return _digest

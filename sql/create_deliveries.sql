@@ -1,0 +1,15 @@
+-- One row per (notification, channel): the delivery state machine.
+-- pending -> sending -> sent; a failure goes back to pending with a later next_attempt_at,
+-- or to dead after the attempt limit; a send interrupted by a crash becomes dead too
+-- (resending could deliver twice, and a notification goes out at most once).
+CREATE TABLE IF NOT EXISTS deliveries (
+    notification_id TEXT NOT NULL,
+    channel TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL,
+    next_attempt_at TIMESTAMPTZ NOT NULL,
+    claimed_at TIMESTAMPTZ,
+    delivered_at TIMESTAMPTZ,
+    last_error TEXT,
+    PRIMARY KEY (notification_id, channel)
+)

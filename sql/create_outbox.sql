@@ -1,0 +1,19 @@
+-- Notifications to send. dedupe_key is derived from data (watch, object, version or
+-- transition, condition version) and UNIQUE: evaluations insert with ON CONFLICT DO NOTHING,
+-- so repeated or concurrent evaluations can never create a second notification.
+CREATE TABLE IF NOT EXISTS outbox (
+    notification_id TEXT PRIMARY KEY,
+    dedupe_key TEXT NOT NULL UNIQUE,
+    watch TEXT NOT NULL,
+    source TEXT NOT NULL,
+    object_key TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    change_id BIGINT NOT NULL,
+    title TEXT NOT NULL,
+    body TEXT NOT NULL,
+    url TEXT,
+    urgency TEXT NOT NULL,
+    summary TEXT,
+    payload TEXT NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL
+)

@@ -1,0 +1,71 @@
+"""The console and JSON-lines file channels."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+
+import pytest
+
+from channels import ConsoleChannel, DeliveryError, FileChannel
+
+
+def test_console_prints_a_compact_block(notification_factory) -> None:
+    out = io.StringIO()
+    ConsoleChannel("out", stream=out).send(notification_factory())
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert lines[0] == "! [high] Issue #42 closed: crash on start"
+    assert "closed_bugs | demo_issues update 42 | 2024-05-02T06:30:00+00:00" in lines[1]
+    assert "    The crash on start was fixed and the issue closed." in lines
+    assert "    https://tracker.example/issues/42" in lines
+    assert text.endswith("\n\n")
+
+
+def test_console_defaults_to_stdout_and_strips_terminal_escapes(
+    notification_factory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ConsoleChannel("out").send(
+        notification_factory(title="\x1b[2J\x1b[31mred\x07 title", summary=None, url=None)
+    )
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\x07" not in printed
+    assert "[2J[31mred title" in printed
+    assert "state: open -> closed" in printed  # the body, as there is no summary
+
+
+def test_file_appends_one_json_line_per_notification(notification_factory, tmp_path) -> None:
+    path = tmp_path / "deep" / "er" / "notifications.jsonl"
+    channel = FileChannel("log", path)
+    first = notification_factory()
+    second = notification_factory(notification_id="ntf_2", title="Issue #43\nopened")
+    channel.send(first)
+    channel.send(second)
+    lines = path.read_bytes().splitlines()
+    assert [json.loads(line) for line in lines] == [first.to_json(), second.to_json()]
+
+
+def test_file_concurrent_appends_never_interleave(notification_factory, tmp_path) -> None:
+    path = tmp_path / "n.jsonl"
+    # Two channels on the same file, as two watches routed to one file would be.
+    channels = [FileChannel("a", path), FileChannel("b", path)]
+    big = "x" * 20_000
+
+    def worker(i: int) -> None:
+        for j in range(40):
+            channels[i % 2].send(notification_factory(notification_id=f"n{i}_{j}", body=big))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [json.loads(line)["notification_id"] for line in path.read_text().splitlines()]
+    assert sorted(ids) == sorted(f"n{i}_{j}" for i in range(8) for j in range(40))
+
+
+def test_file_into_a_directory_is_a_permanent_error(notification_factory, tmp_path) -> None:
+    with pytest.raises(DeliveryError) as info:
+        FileChannel("log", tmp_path).send(notification_factory())
+    assert info.value.retryable is False

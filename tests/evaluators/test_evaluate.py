@@ -1,0 +1,312 @@
+"""Evaluation end to end on DuckDB and Postgres: demo API -> sync -> filter -> judge -> outbox."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import polars as pl
+import pytest
+from openai_server import FakeOpenAIServer, Reply, Request
+
+from evaluators.config import Watch
+from evaluators.evaluate import evaluate_watch
+from evaluators.filters import compile_filter
+from evaluators.judge import Judge
+from sources.demo import DemoAPIServer
+from sources.rest import RestSource, RestSourceConfig
+from warehouse import connect
+from warehouse.sync import run_sync
+
+COLUMNS: dict[str, Any] = {
+    "number": "bigint",
+    "title": "text",
+    "state": "text",
+    "labels": {"type": "text[]", "path": "labels[].name"},
+    "comments": "integer",
+    "html_url": "text",
+    "updated_at": "timestamp",
+}
+
+
+def demo_config(api: DemoAPIServer) -> RestSourceConfig:
+    return RestSourceConfig.model_validate(
+        {
+            "name": "demo_issues",
+            "type": "rest",
+            "table": "issues",
+            "base_url": api.url,
+            "path": "/repos/acme/widgets/issues",
+            "params": {"state": "all", "per_page": 100},
+            "paginator": {"type": "link_header"},
+            "primary_key": "number",
+            "updated_at": "updated_at",
+            "columns": COLUMNS,
+        }
+    )
+
+
+def security_model(request: Request) -> Reply:
+    """A stand-in model: notifies when the change mentions the security label."""
+    notify = '"security"' in request.text
+    return Reply.verdict(
+        {
+            "reasoning": "The labels say whether this is a security matter.",
+            "should_notify": notify,
+            "urgency": "high" if notify else "low",
+            "summary": "Security-relevant issue." if notify else "Not about security.",
+            "confidence": 0.9,
+        }
+    )
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(respond=security_model) as server:
+        yield server
+
+
+def judged_watch(llm: FakeOpenAIServer, **judge: Any) -> Watch:
+    return Watch.model_validate(
+        {
+            "name": "sensitive",
+            "sources": ["demo_issues"],
+            "where": "changed(labels) OR kind = 'insert'",
+            "judge": {
+                "condition": "The issue is about a security problem.",
+                "model": "test-model",
+                "base_url": llm.base_url,
+                "max_retries": 0,
+                "timeout": 5,
+                **judge,
+            },
+            "title": "#{{ key }} {{ current.title }}",
+            "dedupe": "per_version",
+        }
+    )
+
+
+def evaluate(url: str, watch: Watch, source: RestSourceConfig, judge: Judge | None = None):
+    compiled = compile_filter(
+        watch.where, watch=watch.name, columns={c: s.type for c, s in source.columns.items()}
+    )
+    with connect(url) as wh:
+        return evaluate_watch(
+            wh, watch, {source.name: source}, {source.name: compiled}, judge=judge
+        )
+
+
+def outbox(url: str) -> pl.DataFrame:
+    with connect(url) as wh:
+        return wh.fetch_frame("SELECT * FROM outbox ORDER BY change_id")
+
+
+def sync(url: str, source: RestSourceConfig) -> None:
+    with connect(url) as wh:
+        run_sync(wh, RestSource(source))
+
+
+def test_filter_only_watch_notifies_once_per_match(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    watch = Watch(
+        name="bugs",
+        sources=["demo_issues"],
+        where="kind = 'insert' AND 'bug' IN labels",
+        title="New bug #{{ key }}: {{ new.title }}",
+        channels=[],
+    )
+    bugs = {i["number"] for i in demo_api.tracker.snapshot() if {"name": "bug"} in i["labels"]}
+    assert bugs, "the demo data should hold some bugs"
+
+    sync(warehouse_url, source)
+    first = evaluate(warehouse_url, watch, source)
+    assert (first.changes_read, first.passed_filter, first.notified) == (40, len(bugs), len(bugs))
+    sent = outbox(warehouse_url)
+    assert set(sent["object_key"].cast(int)) == bugs
+    assert sent["title"][0] == f"New bug #{sent['object_key'][0]}: " + next(
+        i["title"] for i in demo_api.tracker.snapshot() if str(i["number"]) == sent["object_key"][0]
+    )
+
+    # Nothing new upstream: nothing read, nothing notified.
+    sync(warehouse_url, source)
+    again = evaluate(warehouse_url, watch, source)
+    assert (again.changes_read, again.notified) == (0, 0)
+
+    # k changes upstream: exactly those are read; new bugs notify, edits do not match.
+    mutation = demo_api.tracker.mutate(update=3, create=4)
+    sync(warehouse_url, source)
+    third = evaluate(warehouse_url, watch, source)
+    assert third.changes_read == 7
+    new_bugs = {
+        n for n in mutation["created"] if {"name": "bug"} in demo_api.tracker.get(n)["labels"]
+    }
+    assert third.notified == len(new_bugs)
+    with connect(warehouse_url) as wh:
+        per_change = wh.fetch("SELECT count(*), count(DISTINCT change_id) FROM evaluations")
+    assert per_change == [(47, 47)]
+
+
+def test_judge_sees_only_filtered_changes_and_caches(
+    warehouse_url: str, demo_api: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
+    source = demo_config(demo_api)
+    watch = judged_watch(llm)
+    sync(warehouse_url, source)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        first = evaluate(warehouse_url, watch, source, judge)
+    assert first.judged == len(llm.requests) == 40  # every insert passes `kind = 'insert'`
+    security = {
+        i["number"] for i in demo_api.tracker.snapshot() if {"name": "security"} in i["labels"]
+    }
+    assert first.notified == len(security)
+    assert set(outbox(warehouse_url)["urgency"]) == {"high"}
+    assert first.prompt_tokens == 40 * 100
+
+    # A second run with nothing new makes no call at all.
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        second = evaluate(warehouse_url, watch, source, judge)
+    assert (second.changes_read, second.judged, len(llm.requests)) == (0, 0, 40)
+
+    # Edits that do not touch labels are read but filtered out before the judge.
+    demo_api.tracker.mutate(update=5)
+    sync(warehouse_url, source)
+    with connect(warehouse_url) as wh:
+        label_edits = wh.fetch(
+            "SELECT count(*) FROM issues_changes WHERE kind = 'update' "
+            "AND list_contains(changed_columns, 'labels')"
+            if wh.dialect == "duckdb"
+            else "SELECT count(*) FROM issues_changes WHERE kind = 'update' "
+            "AND 'labels' = ANY(changed_columns)"
+        )[0][0]
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        third = evaluate(warehouse_url, watch, source, judge)
+    assert third.changes_read == 5
+    assert third.passed_filter == third.judged == label_edits
+    assert len(llm.requests) == 40 + label_edits
+
+
+def test_crash_after_judging_costs_no_second_call(
+    warehouse_url: str, demo_api: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
+    source = demo_config(demo_api)
+    watch = judged_watch(llm)
+    sync(warehouse_url, source)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        first = evaluate(warehouse_url, watch, source, judge)
+    # As if the process died after the verdicts were cached but before the evaluation
+    # committed: forget the evaluation, keep the cache.
+    with connect(warehouse_url) as wh, wh.transaction():
+        wh.execute("DELETE FROM evaluations")
+        wh.execute("DELETE FROM watch_state")
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        rerun = evaluate(warehouse_url, watch, source, judge)
+    assert len(llm.requests) == 40
+    assert (rerun.judged, rerun.judge_cache_hits) == (0, 40)
+    # The notifications already queued are recognised, not queued again.
+    assert (rerun.notified, rerun.suppressed_duplicates) == (0, first.notified)
+    assert outbox(warehouse_url)["notification_id"].n_unique() == first.notified
+
+
+def test_editing_the_condition_judges_again(
+    warehouse_url: str, demo_api: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    watch = judged_watch(llm)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        evaluate(warehouse_url, watch, source, judge)
+    with connect(warehouse_url) as wh, wh.transaction():
+        wh.execute("DELETE FROM watch_state")
+    edited = judged_watch(llm, condition="The issue is about a security vulnerability.")
+    with Judge(edited.judge) as judge:  # type: ignore[arg-type]
+        rerun = evaluate(warehouse_url, edited, source, judge)
+    assert rerun.judged == 40 and rerun.judge_cache_hits == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "decision", "notified"),
+    [("hold", "held", 0), ("drop", "dropped", 0), ("notify", "notify", 40)],
+)
+def test_unavailable_judge_follows_the_policy(
+    warehouse_url: str,
+    demo_api: DemoAPIServer,
+    llm: FakeOpenAIServer,
+    policy: str,
+    decision: str,
+    notified: int,
+) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    llm.respond = lambda request: Reply.fail(500)
+    watch = judged_watch(llm, on_unavailable=policy)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        stats = evaluate(warehouse_url, watch, source, judge)
+    assert stats.notified == notified
+    # Three failures in a row and the judge counts as down: no more calls this run.
+    assert stats.judge_errors == stats.judged == len(llm.requests) == 3
+    with connect(warehouse_url) as wh:
+        decisions = wh.fetch("SELECT decision, count(*) FROM evaluations GROUP BY decision")
+    assert decisions == [(decision, 40)]
+
+    # The model comes back: held changes are judged again, the others are settled for good.
+    llm.respond = security_model
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        later = evaluate(warehouse_url, watch, source, judge)
+    security = sum({"name": "security"} in i["labels"] for i in demo_api.tracker.snapshot())
+    if policy == "hold":
+        assert (later.changes_read, later.judged, later.notified) == (40, 40, security)
+    else:
+        assert (later.changes_read, later.judged, later.notified) == (0, 0, 0)
+    assert outbox(warehouse_url)["notification_id"].n_unique() == outbox(warehouse_url).height
+
+
+def test_call_cap_holds_the_rest(
+    warehouse_url: str, demo_api: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    watch = judged_watch(llm, max_calls_per_run=15)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        first = evaluate(warehouse_url, watch, source, judge)
+        second = evaluate(warehouse_url, watch, source, judge)
+        third = evaluate(warehouse_url, watch, source, judge)
+    assert (first.judged, first.held) == (15, 25)
+    assert (second.judged, second.held) == (15, 10)
+    assert (third.judged, third.held) == (10, 0)
+    assert len(llm.requests) == 40
+
+
+def test_concurrent_evaluations_never_duplicate(demo_api: DemoAPIServer) -> None:
+    from cw_testing import PG_URL
+
+    url = f"{PG_URL}?schema=cw_eval_race_{uuid.uuid4().hex[:10]}"
+    source = demo_config(demo_api)
+    watch = Watch(name="everything", sources=["demo_issues"], channels=["a", "b"])
+    sync(url, source)
+    results, errors = [], []
+
+    def run() -> None:
+        try:
+            results.append(evaluate(url, watch, source))
+        except Exception as error:  # noqa: BLE001 - asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert errors == []
+        assert sum(r.notified for r in results) == 40
+        with connect(url) as wh:
+            assert wh.fetch("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox") == [(40, 40)]
+            assert wh.fetch("SELECT count(*) FROM deliveries") == [(80,)]
+            assert wh.fetch("SELECT count(*) FROM evaluations") == [(40,)]
+    finally:
+        with connect(url) as wh, wh.transaction():
+            wh.execute(f"DROP SCHEMA {url.rsplit('=', 1)[1]} CASCADE")
