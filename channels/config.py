@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sources.base import Identifier
+from sources.base import EnvVarName, Identifier
 
 __all__ = [
     "AppriseChannelConfig",
@@ -24,17 +24,7 @@ __all__ = [
 # The fields a digest's subject template may use.
 SUBJECT_FIELDS = ("count", "window", "name", "watches", "start", "end")
 
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
-
-
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            f"{value!r} is not an environment variable name: put the variable's name here, "
-            "never the secret itself"
-        )
-    return value
 
 
 def _email(value: str) -> str:
@@ -43,7 +33,6 @@ def _email(value: str) -> str:
     return value
 
 
-EnvVarName = Annotated[str, AfterValidator(_env_name)]
 EmailAddress = Annotated[str, AfterValidator(_email)]
 
 

@@ -2,25 +2,13 @@
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from sources.base import Identifier
+from sources.base import EnvVarName, Identifier
 
 __all__ = ["DedupePolicy", "JudgeConfig", "Watch"]
-
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-
-
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            f"{value!r} is not an environment variable name: put the variable's name here, "
-            "never the key itself"
-        )
-    return value
 
 
 class _Model(BaseModel):
@@ -37,7 +25,7 @@ class JudgeConfig(_Model):
     # Any OpenAI-compatible endpoint: OpenAI, Ollama (http://localhost:11434/v1), vLLM,
     # llama.cpp server. None: the openai client's default (OPENAI_BASE_URL or api.openai.com).
     base_url: str | None = None
-    api_key_env: Annotated[str, AfterValidator(_env_name)] | None = None
+    api_key_env: EnvVarName | None = None
     min_confidence: float = Field(default=0.5, ge=0, le=1)
     # What happens to a change when the judge cannot answer (unreachable, no valid verdict
     # after retries, call cap reached): hold it for the next run, notify anyway, or drop it.

@@ -48,6 +48,21 @@ def _identifier(value: str) -> str:
 
 Identifier = Annotated[str, BeforeValidator(_identifier)]
 
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _env_name(value: str) -> str:
+    if not isinstance(value, str) or not _ENV_NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not an environment variable name (use e.g. GITHUB_TOKEN): "
+            "put the variable's name here, never the secret itself"
+        )
+    return value
+
+
+# The name of an environment variable holding a secret: config never holds secrets.
+EnvVarName = Annotated[str, BeforeValidator(_env_name)]
+
 
 class ColumnSpec(BaseModel):
     """One typed column of a source's table, read from a path in each record.

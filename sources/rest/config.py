@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sources.base import SourceBase
+from sources.base import EnvVarName, SourceBase
 
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
-
-
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise ValueError(
-            f"{value!r} is not an environment variable name (use e.g. GITHUB_TOKEN): "
-            "put the variable's name here, never the secret itself"
-        )
-    return value
-
-
-EnvVar = Annotated[str, AfterValidator(_env_name)]
 
 
 class _Model(BaseModel):
@@ -109,15 +95,15 @@ class BearerAuth(_Model):
     """``Authorization: Bearer <token>``."""
 
     type: Literal["bearer"]
-    token_env: EnvVar
+    token_env: EnvVarName
 
 
 class BasicAuth(_Model):
     """HTTP basic auth."""
 
     type: Literal["basic"]
-    username_env: EnvVar
-    password_env: EnvVar
+    username_env: EnvVarName
+    password_env: EnvVarName
 
 
 class HeaderAuth(_Model):
@@ -125,7 +111,7 @@ class HeaderAuth(_Model):
 
     type: Literal["header"]
     name: str = "X-API-Key"
-    value_env: EnvVar
+    value_env: EnvVarName
 
 
 class QueryAuth(_Model):
@@ -133,7 +119,7 @@ class QueryAuth(_Model):
 
     type: Literal["query"]
     name: str = "api_key"
-    value_env: EnvVar
+    value_env: EnvVarName
 
 
 AuthConfig = Annotated[BearerAuth | BasicAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]

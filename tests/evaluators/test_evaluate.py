@@ -9,6 +9,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from cw_testing import PG_URL, demo_source_settings
 from openai_server import FakeOpenAIServer, Reply, Request
 
 from evaluators.config import Watch
@@ -32,20 +33,7 @@ COLUMNS: dict[str, Any] = {
 
 
 def demo_config(api: DemoAPIServer) -> RestSourceConfig:
-    return RestSourceConfig.model_validate(
-        {
-            "name": "demo_issues",
-            "type": "rest",
-            "table": "issues",
-            "base_url": api.url,
-            "path": "/repos/acme/widgets/issues",
-            "params": {"state": "all", "per_page": 100},
-            "paginator": {"type": "link_header"},
-            "primary_key": "number",
-            "updated_at": "updated_at",
-            "columns": COLUMNS,
-        }
-    )
+    return RestSourceConfig.model_validate(demo_source_settings(api.url, COLUMNS))
 
 
 def security_model(request: Request) -> Reply:
@@ -281,8 +269,6 @@ def test_call_cap_holds_the_rest(
 
 
 def test_concurrent_evaluations_never_duplicate(demo_api: DemoAPIServer) -> None:
-    from cw_testing import PG_URL
-
     url = f"{PG_URL}?schema=cw_eval_race_{uuid.uuid4().hex[:10]}"
     source = demo_config(demo_api)
     watch = Watch(name="everything", sources=["demo_issues"], channels=["a", "b"])

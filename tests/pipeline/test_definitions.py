@@ -7,8 +7,10 @@ once more the way a deployment loads them: `dagster definitions validate -w work
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -17,8 +19,10 @@ import yaml
 
 from pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
 from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV, WarehouseResource
+from pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
+from pipeline.runner import source_job_assets
 from pipeline.sensors import SYNC_SENSOR, sync_job_name
+from pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
 from pipeline.wiring import build_definitions
 from warehouse import DEFAULT_URL
 
@@ -41,18 +45,66 @@ def defs() -> dg.Definitions:
     return build_definitions(load_config(WATCHES), environ={})
 
 
-def test_bundled_config_builds_one_sync_asset_per_source(defs):
-    config = load_config(WATCHES)
-    tables = [s.table for s in config.sources]
-    assert tables, "the bundled watches.yaml declares no source"
-    assert set(defs.resolve_all_asset_keys()) == {dg.AssetKey(t) for t in tables}
+SYNC_ASSETS = {"issues"}
+EVAL_ASSETS = {"eval_new_bugs", "eval_closed_issues", "eval_security_review"}
+GROUPS = {
+    "issues": "sync",
+    "eval_new_bugs": "evaluation",
+    "eval_closed_issues": "evaluation",
+    "eval_security_review": "evaluation",
+    "notifications": "delivery",
+    "digest_daily": "digest",
+}
 
+
+def keys(*names: str) -> set[dg.AssetKey]:
+    return {dg.AssetKey(n) for n in names}
+
+
+def test_bundled_config_builds_the_asset_graph_sync_evaluation_delivery_digest(defs):
+    config = load_config(WATCHES)
+    assert [s.table for s in config.sources] == ["issues"]
+    assert [evaluation_asset_name(w) for w in config.watches] == [
+        "eval_new_bugs",
+        "eval_closed_issues",
+        "eval_security_review",
+    ]
+    assert [d.name for d in config.digests] == ["daily"]
+    assert set(defs.resolve_all_asset_keys()) == keys(*GROUPS)
+
+    graph = defs.resolve_asset_graph()
+    by_key = {a.key: a for a in defs.assets}  # type: ignore[union-attr]
+    for name, group in GROUPS.items():
+        node = graph.get(dg.AssetKey(name))
+        assert node.group_name == group, name
+        # Every asset explains itself in the UI.
+        assert node.description and node.description.strip(), name
+        asset = by_key[dg.AssetKey(name)]
+        # One slot in this pool serialises every warehouse writer (DuckDB has one writer).
+        assert asset.op.pool == WAREHOUSE_POOL == "warehouse", name
+        assert "warehouse" in asset.required_resource_keys, name
+
+    # Lineage: sync -> evaluation -> notifications -> digest.
+    parents = {name: graph.get(dg.AssetKey(name)).parent_keys for name in GROUPS}
+    assert parents == {
+        "issues": set(),
+        "eval_new_bugs": keys("issues"),
+        "eval_closed_issues": keys("issues"),
+        "eval_security_review": keys("issues"),
+        NOTIFICATIONS_ASSET: keys(*EVAL_ASSETS),
+        "digest_daily": keys(NOTIFICATIONS_ASSET),
+    }
+    # Only the digest is partitioned: one window per day, in the digest's timezone.
+    partitioned = {k for k in graph.get_all_asset_keys() if graph.get(k).partitions_def}
+    assert partitioned == keys("digest_daily")
+
+
+def test_sync_asset_carries_its_source_metadata(defs):
+    config = load_config(WATCHES)
     by_key = {a.key: a for a in defs.assets}  # type: ignore[union-attr]
     for source in config.sources:
         asset = by_key[dg.AssetKey(source.table)]
         assert asset.group_names_by_key[asset.key] == "sync"
-        # One slot in this pool serialises every warehouse writer (DuckDB has one writer).
-        assert asset.op.pool == WAREHOUSE_POOL == "warehouse"
         tags = asset.tags_by_key[asset.key]
         assert tags[SOURCE_TAG] == source.name
         assert {"dagster/kind/python", "dagster/kind/sql"} <= set(tags)
@@ -63,27 +115,96 @@ def test_bundled_config_builds_one_sync_asset_per_source(defs):
         assert spec.metadata["cursor_column"] == source.updated_at
         assert spec.metadata["change_log"] == f"{source.table}_changes"
         assert spec.metadata["dagster/table_name"] == source.table
-        assert "warehouse" in asset.required_resource_keys
+        assert asset.required_resource_keys - {"io_manager"} == {"warehouse"}
 
 
-def test_one_in_process_job_per_source_tagged_with_the_source(defs):
+def test_evaluation_delivery_and_digest_assets(defs):
+    config = load_config(WATCHES)
+    by_key = {a.key: a for a in defs.assets}  # type: ignore[union-attr]
+    for watch in config.watches:
+        asset = by_key[dg.AssetKey(evaluation_asset_name(watch))]
+        tags = asset.tags_by_key[asset.key]
+        assert tags[WATCH_TAG] == watch.name
+        assert ("dagster/kind/openai" in tags) == (watch.judge is not None), watch.name
+        assert {"dagster/kind/python", "dagster/kind/sql"} <= set(tags)
+        assert next(iter(asset.specs)).description == watch.description
+        assert asset.required_resource_keys - {"io_manager"} == {"warehouse", "judges"}
+    assert [w.name for w in config.watches if w.judge] == ["security_review"]
+
+    delivery = by_key[dg.AssetKey(NOTIFICATIONS_ASSET)]
+    description = next(iter(delivery.specs)).description
+    for channel in config.channels:
+        assert channel.name in description
+    assert delivery.required_resource_keys - {"io_manager"} == {"warehouse"}
+
+    [digest] = config.digests
+    asset = by_key[dg.AssetKey(f"digest_{digest.name}")]
+    assert asset.required_resource_keys - {"io_manager"} == {"warehouse"}
+    partitions = asset.partitions_def
+    assert isinstance(partitions, dg.DailyPartitionsDefinition)
+    assert partitions.timezone == digest.timezone == "UTC"
+    assert partitions.start.date() == digest.start_date
+    assert partitions.end_offset == 1  # today's window exists too (sent on demand)
+
+
+def test_resources_are_the_warehouse_and_the_judges(defs):
+    assert set(defs.resources) == {"warehouse", "judges"}
+    assert isinstance(defs.resources["warehouse"], WarehouseResource)
+    assert isinstance(defs.resources["judges"], JudgeResource)
+
+
+def test_sync_job_carries_changes_to_delivery_and_digest_job_sends_the_digest(defs):
     config = load_config(WATCHES)
     user_jobs = {j.name for j in defs.resolve_all_job_defs() if not j.name.startswith("__")}
-    assert user_jobs == {sync_job_name(s) for s in config.sources} == {"sync_demo_issues"}
+    assert {sync_job_name(s) for s in config.sources} == {"sync_demo_issues"}
+    assert user_jobs == {"sync_demo_issues", "digest_daily_job"}
     for source in config.sources:
         job = defs.resolve_job_def(sync_job_name(source))
         assert job.executor_def is dg.in_process_executor
         assert job.tags[SOURCE_TAG] == source.name
-        assert job.asset_layer.executable_asset_keys == {dg.AssetKey(source.table)}
+        expected = keys(source.table, *EVAL_ASSETS, NOTIFICATIONS_ASSET)
+        assert job.asset_layer.executable_asset_keys == expected
+        # The CLI runs exactly what the job runs.
+        assert keys(*source_job_assets(config, [source.name])) == expected
+        assert job.partitions_def is None
+        assert job.description
+
+    digest = defs.resolve_job_def("digest_daily_job")
+    assert digest.executor_def is dg.in_process_executor
+    assert digest.asset_layer.executable_asset_keys == keys("digest_daily")
+    assert isinstance(digest.partitions_def, dg.DailyPartitionsDefinition)
+    assert SOURCE_TAG not in digest.tags  # a digest run never waits for a sync's slot
 
 
-def test_interval_sources_share_one_sensor_and_have_no_schedule(defs):
+def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(defs):
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert sensor.name == "sync_due_sources"
     assert [t.job_name for t in sensor.targets] == ["sync_demo_issues"]
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
-    assert [s.name for s in defs.get_repository_def().sensor_defs] == [SYNC_SENSOR]
-    assert defs.get_repository_def().schedule_defs == []
+    repo = defs.get_repository_def()
+    assert [s.name for s in repo.sensor_defs] == [SYNC_SENSOR]
+    # No cron source: the only schedule is the digest's.
+    [schedule] = repo.schedule_defs
+    assert schedule.name == "digest_daily_schedule"
+    assert schedule.cron_schedule == bundled()["digests"][0]["cron"] == "0 8 * * *"
+    assert schedule.execution_timezone == "UTC"
+    assert schedule.job_name == "digest_daily_job"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedule.description
+
+
+def test_digest_schedule_requests_yesterday_once(defs):
+    schedule = defs.resolve_schedule_def("digest_daily_schedule")
+    repo = defs.get_repository_def()
+    for when, day in [
+        (datetime(2026, 3, 2, 8, 0, tzinfo=UTC), "2026-03-01"),
+        (datetime(2026, 3, 1, 8, 0, tzinfo=UTC), "2026-02-28"),
+    ]:
+        context = dg.build_schedule_context(scheduled_execution_time=when, repository_def=repo)
+        [request] = schedule.evaluate_tick(context).run_requests or []
+        assert request.partition_key == day
+        # The partition is the run key: the daemon sends each day's digest once.
+        assert request.run_key == f"daily:{day}"
 
 
 def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
@@ -100,20 +221,28 @@ def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
     defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
 
     repo = defs.get_repository_def()
-    [schedule] = repo.schedule_defs
-    assert schedule.name == "sync_nightly_issues_schedule"
+    schedules = {s.name: s for s in repo.schedule_defs}
+    assert set(schedules) == {"sync_nightly_issues_schedule", "digest_daily_schedule"}
+    schedule = schedules["sync_nightly_issues_schedule"]
     assert schedule.cron_schedule == cron_source["cron"]
     assert schedule.execution_timezone == cron_source["timezone"]
     assert schedule.job_name == "sync_nightly_issues"
     assert schedule.tags[SOURCE_TAG] == "nightly_issues"
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    # No watch is over the cron source: its job only syncs.
+    job = defs.resolve_job_def("sync_nightly_issues")
+    assert job.asset_layer.executable_asset_keys == keys("nightly_issues")
+    assert job.tags[SOURCE_TAG] == "nightly_issues"
 
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert [t.job_name for t in sensor.targets] == [f"sync_{interval_source['name']}"]
-    assert set(defs.resolve_all_asset_keys()) == {
-        dg.AssetKey(interval_source["table"]),
-        dg.AssetKey("nightly_issues"),
-    }
+    assert set(defs.resolve_all_asset_keys()) == keys(
+        interval_source["table"], "nightly_issues", *EVAL_ASSETS, NOTIFICATIONS_ASSET,
+        "digest_daily",
+    )
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("nightly_issues")).group_name == "sync"
+    assert graph.get(dg.AssetKey("nightly_issues")).child_keys == set()
 
 
 def test_only_cron_sources_means_no_sensor(tmp_path):
@@ -122,8 +251,9 @@ def test_only_cron_sources_means_no_sensor(tmp_path):
     defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
     repo = defs.get_repository_def()
     assert repo.sensor_defs == []
-    assert [s.job_name for s in repo.schedule_defs] == [f"sync_{data['sources'][0]['name']}"]
-    assert repo.schedule_defs[0].execution_timezone == "UTC"
+    schedules = {s.job_name: s for s in repo.schedule_defs}
+    assert set(schedules) == {f"sync_{data['sources'][0]['name']}", "digest_daily_job"}
+    assert schedules[f"sync_{data['sources'][0]['name']}"].execution_timezone == "UTC"
 
 
 def test_warehouse_resource_comes_from_the_environment_by_name():
@@ -139,11 +269,15 @@ def test_warehouse_resource_comes_from_the_environment_by_name():
     assert default.url == DEFAULT_URL
 
 
-def run_validate(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run_validate(
+    config: Path, cwd: Path, dagster_home: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     # Without DAGSTER_HOME the CLI uses a throwaway instance. Run outside the repo: there, the
     # CLI would pick up the project's dagster.yaml, which needs DAGSTER_HOME set.
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
     env["CHANGEWATCH_CONFIG"] = str(config)
+    if dagster_home is not None:
+        env["DAGSTER_HOME"] = str(dagster_home)
     return subprocess.run(
         [str(DAGSTER_CLI), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
         cwd=cwd,  # workspace.yaml resolves its python_file relative to itself
@@ -156,6 +290,18 @@ def run_validate(config: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_dagster_validates_the_workspace_with_the_bundled_config(tmp_path):
     result = run_validate(WATCHES, tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Validation successful for code location changewatch" in output
+
+
+def test_dagster_validates_the_workspace_under_the_project_instance(tmp_path):
+    # As the README says: DAGSTER_HOME holding the project's dagster.yaml (SQLite storage,
+    # pools, run queue), with the whole graph: sync, evaluation, delivery, partitioned digest.
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")
+    result = run_validate(WATCHES, home, dagster_home=home)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "Validation successful for code location changewatch" in output

@@ -9,10 +9,12 @@ which runs them in real subprocesses against the demo API and a DuckDB warehouse
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -29,6 +31,7 @@ from dagster._daemon.sensor import execute_sensor_iteration
 from pipeline.assets import SOURCE_TAG
 from pipeline.config import load_config
 from pipeline.resources import WAREHOUSE_URL_ENV
+from pipeline.runner import source_job_assets
 from pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
 from pipeline.timing import jitter_offset
 from pipeline.wiring import build_definitions
@@ -52,10 +55,34 @@ class Clock:
 
 
 def write_config(path: Path, **overrides: object) -> Path:
+    """The bundled watches file with its source changed, and every file it writes (the
+    notifications file, digests) kept next to ``path``, never in the working directory."""
     data = yaml.safe_load(WATCHES.read_text(encoding="utf-8"))
-    data["sources"][0].update(overrides)
+    source = data["sources"][0]
+    old_name = source["name"]
+    source.update(overrides)
+    for watch in data.get("watches", []):
+        # The watches follow a renamed source.
+        if watch.get("source") == old_name:
+            watch["source"] = source["name"]
+        if "sources" in watch:
+            watch["sources"] = [source["name"] if s == old_name else s for s in watch["sources"]]
+    for channel in data.get("channels", []):
+        if channel["type"] == "file":
+            channel["path"] = str(path.parent / Path(channel["path"]).name)
+    for digest in data.get("digests", []):
+        if digest.get("output_dir"):
+            digest["output_dir"] = str(path.parent / "digests")
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
+
+
+@pytest.fixture
+def llm_url() -> Iterator[str]:
+    """An LLM endpoint that refuses connections at once: a bound port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
 @pytest.fixture
@@ -198,12 +225,14 @@ def launch_queued(workspace) -> None:
 
 
 def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time(
-    demo_env, tmp_path, monkeypatch
+    demo_env, tmp_path, monkeypatch, llm_url
 ):
     config_file = write_config(tmp_path / "watches.yaml", interval=f"{INTERVAL:g}s", jitter=0)
     warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
     monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config_file))
     monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse)
+    # The code server and its runs inherit this: the security_review judge fails fast.
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm_url)
     config = load_config()
     interval_sources = [s for s in config.sources if s.cron is None]
     assert [s.name for s in interval_sources] == ["demo_issues"]
@@ -273,6 +302,33 @@ def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time
         assert by_run[first.run_id]["inserted"] == issues
         assert by_run[second.run_id]["inserted"] == 0
         assert by_run[second.run_id]["unchanged"] == issues
+
+        # Each sync run carried its changes through evaluation to delivery.
+        job_assets = {dg.AssetKey(a) for a in source_job_assets(config, ["demo_issues"])}
+        assert job_assets == {
+            dg.AssetKey(a)
+            for a in ("issues", "eval_new_bugs", "eval_closed_issues", "eval_security_review")
+            + ("notifications",)
+        }
+        for run_id in (first.run_id, second.run_id):
+            materialized = {
+                event.dagster_event.asset_key
+                for event in instance.all_logs(
+                    run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION
+                )
+            }
+            assert materialized == job_assets
+
+    # New bugs were notified by the first run only; the second run found nothing new.
+    bugs = sorted(
+        str(issue["number"])
+        for issue in demo_env.tracker.snapshot()
+        if "bug" in {label["name"] for label in issue["labels"]}
+    )
+    assert bugs
+    lines = (tmp_path / "notifications.jsonl").read_text(encoding="utf-8").splitlines()
+    assert sorted(json.loads(line)["object_key"] for line in lines) == bugs
+    assert {json.loads(line)["watch"] for line in lines} == {"new_bugs"}
 
     with connect(warehouse) as wh:
         assert wh.fetch('SELECT count(*) FROM "issues"') == [(issues,)]

@@ -7,6 +7,7 @@ from typing import Any
 
 import polars as pl
 import pytest
+from cw_testing import PG_URL, demo_source_settings
 
 from sources.demo import DemoAPIServer
 from sources.errors import FetchError, PayloadError
@@ -27,19 +28,13 @@ COLUMNS: dict[str, Any] = {
 
 
 def demo_source(api: DemoAPIServer, **overrides: Any) -> RestSource:
-    settings: dict[str, Any] = {
-        "name": "demo_issues",
-        "type": "rest",
-        "table": "issues",
-        "base_url": api.url,
-        "path": "/repos/acme/widgets/issues",
-        "params": {"state": "all", "per_page": 15, "sort": "created", "direction": "asc"},
-        "paginator": {"type": "link_header"},
-        "primary_key": "number",
-        "updated_at": "updated_at",
-        "columns": COLUMNS,
-    }
-    return RestSource(RestSourceConfig.model_validate(settings | overrides))
+    overrides.setdefault(
+        "params", {"state": "all", "per_page": 15, "sort": "created", "direction": "asc"}
+    )
+    columns = overrides.pop("columns", COLUMNS)
+    return RestSource(
+        RestSourceConfig.model_validate(demo_source_settings(api.url, columns, **overrides))
+    )
 
 
 def incremental_source(api: DemoAPIServer) -> RestSource:
@@ -191,8 +186,6 @@ def test_declared_column_added_later(warehouse_url: str, demo_api: DemoAPIServer
 def test_concurrent_syncs_of_one_source_do_not_duplicate(demo_api: DemoAPIServer) -> None:
     """Two processes' worth of connections race on Postgres; the advisory lock serializes them."""
     import uuid
-
-    from cw_testing import PG_URL
 
     url = f"{PG_URL}?schema=cw_race_{uuid.uuid4().hex[:10]}"
     with connect(url) as wh:

@@ -1,0 +1,237 @@
+"""From the outbox to real receivers, on DuckDB and Postgres: deliveries, retries, digests."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import standardwebhooks
+from cw_testing import demo_source_settings
+
+from channels.config import DigestConfig, EmailChannelConfig, WebhookChannelConfig
+from channels.outbox import DeliveryPolicy, deliver_due, send_digest_window
+from evaluators.config import Watch
+from evaluators.evaluate import evaluate_watch
+from evaluators.filters import compile_filter
+from sources.demo import DemoAPIServer
+from sources.rest import RestSource, RestSourceConfig
+from warehouse import connect
+from warehouse.sync import run_sync
+
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # base64 of 24 bytes, test only
+
+
+def queue_notifications(url: str, api: DemoAPIServer, channels: list[str], count: int = 3) -> None:
+    """Sync the demo API and let a watch queue notifications for the first `count` issues."""
+    columns = {"number": "bigint", "title": "text", "html_url": "text", "updated_at": "timestamp"}
+    source = RestSourceConfig.model_validate(demo_source_settings(api.url, columns))
+    watch = Watch(
+        name="first_issues",
+        sources=["demo_issues"],
+        where=f"number <= {count}",
+        channels=channels,
+        title="Issue #{{ key }}: {{ new.title }}",
+    )
+    compiled = compile_filter(
+        watch.where, watch=watch.name, columns={c: s.type for c, s in source.columns.items()}
+    )
+    with connect(url) as wh:
+        run_sync(wh, RestSource(source))
+        evaluate_watch(wh, watch, {"demo_issues": source}, {"demo_issues": compiled})
+
+
+def webhook(receiver: Any) -> WebhookChannelConfig:
+    return WebhookChannelConfig(
+        name="hook",
+        type="webhook",
+        url=f"{receiver.url}/changewatch",
+        secret_env="CW_TEST_WEBHOOK_SECRET",
+    )
+
+
+def mailer(server: Any) -> EmailChannelConfig:
+    return EmailChannelConfig.model_validate(
+        {
+            "name": "mail",
+            "type": "email",
+            "host": "127.0.0.1",
+            "port": server.port,
+            "security": "none",
+            "from": "changewatch@example.com",
+            "to": ["team@example.com"],
+        }
+    )
+
+
+def statuses(url: str) -> list[tuple[str, str, int]]:
+    with connect(url) as wh:
+        return wh.fetch("SELECT channel, status, attempts FROM deliveries ORDER BY channel, status")
+
+
+@pytest.fixture(autouse=True)
+def webhook_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CW_TEST_WEBHOOK_SECRET", SECRET)
+
+
+def test_each_notification_reaches_each_channel_once(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any, smtp_server: Any
+) -> None:
+    smtp = smtp_server()
+    queue_notifications(warehouse_url, demo_api, ["hook", "mail"])
+    with connect(warehouse_url) as wh:
+        stats = deliver_due(wh, [webhook(http_receiver), mailer(smtp)])
+    assert (stats.sent, stats.by_channel) == (6, {"hook": 3, "mail": 3})
+    verifier = standardwebhooks.Webhook(SECRET)
+    received = [verifier.verify(r.body, r.headers) for r in http_receiver.requests]
+    assert sorted(p["title"].split(":")[0] for p in received) == [
+        "Issue #1",
+        "Issue #2",
+        "Issue #3",
+    ]
+    subjects = sorted(email.message_from_bytes(m.content)["Subject"] for m in smtp.handler.messages)
+    assert [s.split(":")[1].strip() for s in subjects] == ["Issue #1", "Issue #2", "Issue #3"]
+
+    # Delivered is delivered: another pass, and another evaluation, send nothing more.
+    queue_notifications(warehouse_url, demo_api, ["hook", "mail"])
+    with connect(warehouse_url) as wh:
+        again = deliver_due(wh, [webhook(http_receiver), mailer(smtp)])
+    assert again.sent == 0
+    assert len(http_receiver.requests) == 3 and len(smtp.handler.messages) == 3
+    assert {s for _, s, _ in statuses(warehouse_url)} == {"sent"}
+
+
+def test_failures_retry_with_backoff_keeping_the_webhook_id(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["hook"], count=1)
+    http_receiver.responses = [(503, {}), (503, {})]
+    start = datetime.now(UTC) + timedelta(minutes=1)
+    clock = {"now": start}
+
+    def deliver() -> Any:
+        with connect(warehouse_url) as wh:
+            return deliver_due(wh, [webhook(http_receiver)], now=lambda: clock["now"])
+
+    assert deliver().retrying == 1
+    clock["now"] = start + timedelta(seconds=20)  # first backoff is 30 s: not due yet
+    assert deliver().retrying == 0 and len(http_receiver.requests) == 1
+    clock["now"] = start + timedelta(seconds=31)
+    assert deliver().retrying == 1  # second failure; next wait 60 s
+    clock["now"] = start + timedelta(seconds=95)
+    assert deliver().sent == 1
+    ids = {r.headers["webhook-id"] for r in http_receiver.requests}
+    assert len(http_receiver.requests) == 3 and len(ids) == 1
+    assert statuses(warehouse_url) == [("hook", "sent", 3)]
+
+
+def test_gives_up_into_dead_letter(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["hook"], count=2)
+    http_receiver.responses = [(400, {})] + [(500, {})] * 10
+    policy = DeliveryPolicy(max_attempts=3, backoff_base=timedelta(0))
+    for _ in range(4):
+        with connect(warehouse_url) as wh:
+            deliver_due(wh, [webhook(http_receiver)], policy=policy)
+    # One answered 400 (not retryable): dead at once. The other failed 3 times: dead.
+    assert sorted(statuses(warehouse_url)) == [("hook", "dead", 1), ("hook", "dead", 3)]
+    assert len(http_receiver.requests) == 4
+    with connect(warehouse_url) as wh:
+        errors = [row[0] for row in wh.fetch("SELECT last_error FROM deliveries")]
+    assert all("HTTP" in e or "40" in e or "50" in e for e in errors)
+
+
+def test_interrupted_send_is_parked_not_repeated(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["hook"], count=1)
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    with connect(warehouse_url) as wh, wh.transaction():
+        # What a process killed in the middle of a send leaves behind.
+        wh.execute(
+            "UPDATE deliveries SET status = 'sending', attempts = 1, claimed_at = $1", (long_ago,)
+        )
+    with connect(warehouse_url) as wh:
+        stats = deliver_due(wh, [webhook(http_receiver)])
+    assert (stats.interrupted, stats.sent) == (1, 0)
+    assert http_receiver.requests == []
+    assert statuses(warehouse_url) == [("hook", "dead", 1)]
+
+
+def test_unknown_channel_is_dead_lettered(warehouse_url: str, demo_api: DemoAPIServer) -> None:
+    queue_notifications(warehouse_url, demo_api, ["gone"], count=1)
+    with connect(warehouse_url) as wh:
+        stats = deliver_due(wh, [])
+    assert stats.dead == 1
+    with connect(warehouse_url) as wh:
+        assert "not configured" in wh.fetch("SELECT last_error FROM deliveries")[0][0]
+
+
+def test_digest_window_is_sent_once(
+    warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any, tmp_path: Any
+) -> None:
+    smtp = smtp_server()
+    queue_notifications(warehouse_url, demo_api, [], count=3)
+    digest = DigestConfig(
+        name="daily",
+        channel="mail",
+        watches=["first_issues"],
+        to=["boss@example.com"],
+        output_dir=str(tmp_path / "digests"),
+    )
+    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    window = {"window_start": day, "window_end": day + timedelta(days=1)}
+    with connect(warehouse_url) as wh:
+        first = send_digest_window(wh, digest, mailer(smtp), **window)
+        second = send_digest_window(wh, digest, mailer(smtp), **window)
+    assert (first.status, first.items) == ("sent", 3)
+    assert second.status == "already_sent"
+    assert len(smtp.handler.messages) == 1
+    received = smtp.handler.messages[0]
+    assert received.rcpt_tos == ["boss@example.com"]
+    message = email.message_from_bytes(received.content, policy=email.policy.default)
+    assert "3 change" in message["Subject"]
+    text = message.get_body(preferencelist=("plain",)).get_content()  # type: ignore[union-attr]
+    html = message.get_body(preferencelist=("html",)).get_content()  # type: ignore[union-attr]
+    for n in (1, 2, 3):
+        assert f"Issue #{n}:" in text and f"Issue #{n}:" in html
+    assert "first_issues" in text and "https://demo.changewatch.local/" in html
+    assert {p.suffix for p in (tmp_path / "digests").iterdir()} == {".eml", ".html"}
+    with connect(warehouse_url) as wh:
+        recorded = wh.fetch("SELECT status, item_count FROM digests")
+    assert recorded == [("sent", 3)]
+
+
+def test_empty_window_sends_nothing_unless_asked(
+    warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any
+) -> None:
+    smtp = smtp_server()
+    queue_notifications(warehouse_url, demo_api, [], count=1)
+    long_ago = datetime(2026, 1, 5, tzinfo=UTC)
+    window = {"window_start": long_ago, "window_end": long_ago + timedelta(days=1)}
+    quiet = DigestConfig(name="quiet", channel="mail", watches=["first_issues"])
+    chatty = DigestConfig(name="chatty", channel="mail", watches=["first_issues"], send_empty=True)
+    with connect(warehouse_url) as wh:
+        assert send_digest_window(wh, quiet, mailer(smtp), **window).status == "empty"
+        assert send_digest_window(wh, chatty, mailer(smtp), **window).status == "sent"
+    assert len(smtp.handler.messages) == 1
+
+
+def test_failed_digest_can_be_sent_later(
+    warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any, closed_port: int
+) -> None:
+    queue_notifications(warehouse_url, demo_api, [], count=1)
+    digest = DigestConfig(name="daily", channel="mail", watches=["first_issues"])
+    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    window = {"window_start": day, "window_end": day + timedelta(days=1)}
+    down = mailer(smtp_server()).model_copy(update={"port": closed_port})
+    with connect(warehouse_url) as wh:
+        assert send_digest_window(wh, digest, down, **window).status == "failed"
+    smtp = smtp_server()
+    with connect(warehouse_url) as wh:
+        assert send_digest_window(wh, digest, mailer(smtp), **window).status == "sent"
+        assert send_digest_window(wh, digest, mailer(smtp), **window).status == "already_sent"
+    assert len(smtp.handler.messages) == 1

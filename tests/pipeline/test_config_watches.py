@@ -1,0 +1,118 @@
+"""Watches, channels and digests in the watches file: cross-references and filters at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+SOURCE = """\
+version: 1
+sources:
+  - name: demo_issues
+    type: rest
+    base_url: http://127.0.0.1:9
+    table: issues
+    primary_key: number
+    columns:
+      number: bigint
+      state: text
+      labels: {type: "text[]", path: "labels[].name"}
+channels:
+  - name: console
+    type: console
+  - name: hook
+    type: webhook
+    url: http://127.0.0.1:9/hook
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "watches.yaml"
+    path.write_text(SOURCE + text)
+    return path
+
+
+def problem(path: Path) -> str:
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    return str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("read_csv('/etc/passwd') IS NOT NULL", "read_csv"),
+        ("TRUE; DROP TABLE issues", "statement"),
+        ("state IN (SELECT state FROM issues)", "subquer"),
+        ("current_setting('data_directory') = 'x'", "current_setting"),
+        ("titel = 'x'", "unknown column 'titel'"),
+    ],
+)
+def test_hostile_or_wrong_filters_are_refused_at_load(tmp_path: Path, where: str, why: str) -> None:
+    path = write(
+        tmp_path, f'watches:\n  - name: bad_watch\n    source: demo_issues\n    where: "{where}"\n'
+    )
+    message = problem(path)
+    assert message.startswith(f"{path}:21: watches[0].where: watch 'bad_watch'"), message
+    assert why in message
+
+
+def test_references_must_exist(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: w
+    sources: [demo_issues, nowhere]
+    channels: [console, pager]
+digests:
+  - name: daily
+    channel: hook
+    watches: [w, ghost]
+""",
+    )
+    lines = problem(path).splitlines()
+    assert f"{path}:20: watches[0].sources[1]: unknown source 'nowhere'" in lines
+    assert f"{path}:21: watches[0].channels[1]: unknown channel 'pager'" in lines
+    assert f"{path}:24: digests[0].channel: channel 'hook' is not an email channel" in lines
+    assert f"{path}:25: digests[0].watches[1]: unknown watch 'ghost'" in lines
+
+
+def test_judge_key_variable_must_be_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CW_TEST_UNSET_LLM_KEY", raising=False)
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: w
+    source: demo_issues
+    judge:
+      condition: anything interesting
+      model: gpt-4o-mini
+      api_key_env: CW_TEST_UNSET_LLM_KEY
+""",
+    )
+    assert problem(path) == (
+        f"{path}:24: watches[0].judge.api_key_env: environment variable "
+        "CW_TEST_UNSET_LLM_KEY is not set"
+    )
+
+
+def test_a_good_watch_compiles_per_source(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: closed_bugs
+    source: demo_issues
+    where: "old.state = 'open' AND new.state = 'closed' AND 'bug' IN labels"
+    channels: [console]
+""",
+    )
+    config = load_config(path)
+    (watch,) = config.watches
+    sql = config.filters(watch)["demo_issues"].to_sql("postgres")
+    assert '"old_state"' in sql and "ANY" in sql
