@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol
 
@@ -137,6 +138,15 @@ class SourceBase(BaseModel):
         return []
 
 
+@dataclass(frozen=True)
+class Validator:
+    """What a server gave to identify a response, sent back on the next request as
+    ``If-None-Match`` / ``If-Modified-Since`` so an unchanged resource costs a 304."""
+
+    etag: str | None = None
+    last_modified: str | None = None
+
+
 @dataclass
 class FetchResult:
     """What one sync fetched: the JSON documents as received, and how it went.
@@ -154,6 +164,11 @@ class FetchResult:
     requests: int = 0
     # True when the documents hold the complete upstream listing, so absent keys are deletes.
     complete: bool = False
+    # Validators to remember for the next sync, keyed by request (URL without credentials).
+    # Stored in the same transaction as the rows they describe, never ahead of them.
+    validators: dict[str, Validator] = field(default_factory=dict)
+    # Every request was answered 304 Not Modified: nothing changed, nothing to parse.
+    not_modified: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -177,8 +192,13 @@ class Source(Protocol):
 
     config: SourceBase
 
-    def fetch(self, *, cursor: str | None) -> FetchResult:
+    def fetch(
+        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+    ) -> FetchResult:
         """Fetch records changed since ``cursor`` (an ISO-8601 timestamp), or all when None.
+
+        ``validators`` are the ones the last successful sync stored (see ``FetchResult``);
+        a connector that supports conditional requests sends them back.
 
         Raises ``sources.errors.SourceError`` (or a subclass) on failure; never returns partial
         results for a failed walk, so a failed sync leaves the stored cursor where it was.

@@ -18,3 +18,11 @@ class FetchError(SourceError):
 
 class PayloadError(SourceError):
     """A response body was not the JSON shape the source declares."""
+
+
+class RateLimited(FetchError):
+    """The API's rate budget is spent until ``retry_at`` (epoch seconds): try a later sync."""
+
+    def __init__(self, message: str, *, retry_at: float) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from sources.base import FetchResult
+from sources.base import FetchResult, Validator
 from sources.errors import FetchError, PayloadError, SourceError
 from sources.http import HttpClient, HttpPolicy
 from sources.rest.auth import credentials
@@ -48,7 +48,9 @@ class RestSource:
         # Called as client_factory(policy=..., name=...); tests inject sleep/clock this way.
         self.client_factory = client_factory or HttpClient
 
-    def fetch(self, *, cursor: str | None) -> FetchResult:
+    def fetch(
+        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+    ) -> FetchResult:
         """Every page's JSON (since ``cursor`` when incremental); raises on any failure."""
         config = self.config
         params: dict[str, Any] = dict(config.params)

@@ -8,11 +8,14 @@ here, never the shared `test` database.
 from __future__ import annotations
 
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
+from zoneinfo import ZoneInfo
 
 import dagster as dg
 import psycopg2
@@ -24,6 +27,8 @@ from dagster._core.run_coordinator import QueuedRunCoordinator
 from pipeline.assets import SOURCE_TAG
 from pipeline.config import load_config
 from pipeline.resources import WAREHOUSE_URL_ENV
+from pipeline.runner import source_job_assets
+from pipeline.watch_assets import NOTIFICATIONS_ASSET
 from pipeline.wiring import build_definitions
 from warehouse import connect
 
@@ -89,8 +94,16 @@ def test_project_dagster_yaml_is_a_valid_instance_config(tmp_path, monkeypatch):
         assert instance.get_settings("telemetry")["enabled"] is False
 
 
+@pytest.fixture
+def llm_url() -> Iterator[str]:
+    """An LLM endpoint that refuses connections at once: a bound port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
 def test_documented_postgres_storage_records_runs_and_materializations(
-    tmp_path, monkeypatch, demo_env, dagster_db
+    tmp_path, monkeypatch, demo_env, dagster_db, llm_url
 ):
     storage = documented_postgres_storage()
     assert storage["storage"]["postgres"]["postgres_url"] == {"env": "DAGSTER_PG_URL"}
@@ -103,15 +116,30 @@ def test_documented_postgres_storage_records_runs_and_materializations(
     monkeypatch.setenv("DAGSTER_PG_URL", dagster_db)
     warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
     monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse)
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm_url)  # the judge fails fast
+    monkeypatch.chdir(tmp_path)  # the notifications file and digests are written here
 
-    defs = build_definitions(load_config())
+    config = load_config()
+    defs = build_definitions(config)
+    job_assets = source_job_assets(config, ["demo_issues"])
+    assert set(job_assets) == {
+        "issues",
+        "eval_new_bugs",
+        "eval_closed_issues",
+        "eval_security_review",
+        NOTIFICATIONS_ASSET,
+    }
+    [digest] = config.digests
+    day = datetime.now(ZoneInfo(digest.timezone)).date().isoformat()
     with dg.DagsterInstance.get() as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
         # The warehouse pool limit from dagster.yaml lives in the Postgres storage too.
         assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
+        # What the sync job runs: sync, evaluate, deliver.
         result = dg.materialize(
             list(defs.assets),  # type: ignore[arg-type]
+            selection=job_assets,
             instance=instance,
             resources=defs.resources,
             tags={SOURCE_TAG: "demo_issues"},
@@ -123,18 +151,42 @@ def test_documented_postgres_storage_records_runs_and_materializations(
         event = instance.get_latest_materialization_event(dg.AssetKey("issues"))
         assert event is not None and event.run_id == result.run_id
         assert event.asset_materialization.metadata["inserted"].value == len(demo_env.tracker)
+        for name in job_assets:
+            event = instance.get_latest_materialization_event(dg.AssetKey(name))
+            assert event is not None and event.run_id == result.run_id, name
+
+        # Then one day of the partitioned digest: the partition is recorded in Postgres too.
+        sent = dg.materialize(
+            list(defs.assets),  # type: ignore[arg-type]
+            selection=[f"digest_{digest.name}"],
+            instance=instance,
+            resources=defs.resources,
+            partition_key=day,
+        )
+        assert sent.success
+        assert instance.get_run_by_id(sent.run_id).tags["dagster/partition"] == day
+        assert instance.get_materialized_partitions(dg.AssetKey(f"digest_{digest.name}")) == {
+            day
+        }
 
     # What Dagster wrote is in the dedicated database: read it back with plain SQL.
     plain_url = dagster_db.replace("postgresql+psycopg2://", "postgresql://")
     with closing(psycopg2.connect(plain_url)) as con:
         with con.cursor() as cur:
-            cur.execute("SELECT run_id, status, pipeline_name FROM runs")
-            assert cur.fetchall() == [(result.run_id, "SUCCESS", "__ephemeral_asset_job__")]
+            cur.execute("SELECT run_id, status, pipeline_name FROM runs ORDER BY create_timestamp")
+            assert cur.fetchall() == [
+                (result.run_id, "SUCCESS", "__ephemeral_asset_job__"),
+                (sent.run_id, "SUCCESS", "__ephemeral_asset_job__"),
+            ]
             cur.execute(
-                "SELECT count(*) FROM event_logs WHERE run_id = %s AND dagster_event_type = %s",
-                (result.run_id, "ASSET_MATERIALIZATION"),
+                "SELECT run_id, count(*) FROM event_logs WHERE dagster_event_type = %s "
+                "GROUP BY run_id",
+                ("ASSET_MATERIALIZATION",),
             )
-            assert cur.fetchone() == (1,)
+            assert dict(cur.fetchall()) == {result.run_id: len(job_assets), sent.run_id: 1}
     # And the sync itself went to the DuckDB warehouse, not to Dagster's database.
     with connect(warehouse) as wh:
         assert wh.fetch('SELECT count(*) FROM "issues"') == [(len(demo_env.tracker),)]
+        [(evaluated,)] = wh.fetch("SELECT count(DISTINCT watch) FROM evaluations")
+        assert evaluated == len(config.watches)
+    assert (tmp_path / ".changewatch" / "notifications.jsonl").is_file()
