@@ -9,14 +9,19 @@ from dagster import AssetExecutionContext
 from pipeline.resources import WarehouseResource
 from sources import SourceConfig, build_source
 from warehouse.schema import changes_table
-from warehouse.sync import run_sync
+from warehouse.sync import held_changes, run_sync
 
-__all__ = ["SOURCE_TAG", "WAREHOUSE_POOL", "sync_asset"]
+__all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
 
 # Every asset that writes the warehouse takes a slot in this pool (limit 1): a DuckDB file
 # admits one writing process, and Dagster runs each run in its own process.
 WAREHOUSE_POOL = "warehouse"
 SOURCE_TAG = "changewatch/source"
+STORM_CHECK = "no_change_storm"
+# Run tags a sync asset obeys: record changes silently (a backfill), or walk everything
+# (a reconciliation sweep that turns vanished objects into deletes).
+SILENT_TAG = "changewatch/silent"
+FULL_TAG = "changewatch/full"
 
 
 def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
@@ -34,6 +39,17 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
             f"({source.sync}); every insert, update and delete is appended to "
             f"`{changes_table(source.table)}`."
         ),
+        check_specs=[
+            dg.AssetCheckSpec(
+                STORM_CHECK,
+                asset=source.table,
+                description=(
+                    "Fails while changes of a sync that changed more than "
+                    f"{source.storm.max_share:.0%} of the rows are held from evaluation; "
+                    f"`changewatch release {source.name}` (or `--discard`) settles them."
+                ),
+            )
+        ],
         metadata={
             "source": source.name,
             "primary_key": ", ".join(source.primary_key),
@@ -44,7 +60,19 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
     )
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
-            stats = run_sync(wh, build_source(source), dagster_run_id=context.run.run_id)
+            stats = run_sync(
+                wh,
+                build_source(source),
+                dagster_run_id=context.run.run_id,
+                silent=context.run.tags.get(SILENT_TAG) == "true",
+                full=context.run.tags.get(FULL_TAG) == "true",
+            )
+            held = held_changes(wh, source)
+        if stats.storm_held:
+            context.log.warning(
+                f"{source.name}: change storm: {stats.changed} changes in one sync; they are "
+                f"held from evaluation until `changewatch release {source.name}`"
+            )
         context.log.info(
             f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
             f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
@@ -65,7 +93,20 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
                 "sync_id": stats.sync_id,
                 "columns_added": ", ".join(stats.columns_added),
                 "warehouse": warehouse.describe(),
-            }
+                "silent": stats.silent,
+                "storm_held": stats.storm_held,
+                "not_modified": stats.not_modified,
+            },
+            check_results=[
+                dg.AssetCheckResult(
+                    check_name=STORM_CHECK,
+                    passed=held == 0,
+                    metadata={"held_changes": held},
+                    description=(
+                        f"{held} change(s) held after a change storm" if held else "none held"
+                    ),
+                )
+            ],
         )
 
     return _sync

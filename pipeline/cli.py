@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+from pipeline.assets import FULL_TAG, SILENT_TAG
 from pipeline.config import ChangewatchConfig, ConfigError, load_config
 from pipeline.resources import WAREHOUSE_URL_ENV
 from pipeline.runner import instance, materialize, source_job_assets, sync_tags
@@ -37,6 +38,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sync", help="sync sources now (all, or the ones named), evaluate and deliver"
     )
     sync.add_argument("sources", nargs="*")
+    sync.add_argument(
+        "--silent", action="store_true", help="record changes without telling watches (backfill)"
+    )
+    sync.add_argument(
+        "--full",
+        action="store_true",
+        help="walk the complete listing: vanished objects become deletes (reconciliation)",
+    )
+
+    release = commands.add_parser(
+        "release", help="hand changes held by the change-storm guard to the watches"
+    )
+    release.add_argument("source")
+    release.add_argument("--discard", action="store_true", help="mark them silent instead")
 
     digest = commands.add_parser("digest", help="send one day's digest (default: yesterday)")
     digest.add_argument("name")
@@ -72,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _validate(config)
         if args.command == "digest":
             return _digest(config, args.name, args.day)
-        return _sync(config, args.sources)
+        if args.command == "release":
+            return _release(config, args.source, discard=args.discard)
+        return _sync(config, args.sources, silent=args.silent, full=args.full)
     except ConfigError as error:
         print(f"changewatch: invalid config\n{error}", file=sys.stderr)
         return 2
@@ -98,11 +115,26 @@ def _sql(query: str) -> int:
     return 0
 
 
-def _sync(config: ChangewatchConfig, names: Sequence[str]) -> int:
+def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
+    from warehouse import connect
+    from warehouse.sync import release_changes
+
+    with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
+        count = release_changes(wh, config.source(source), discard=discard)
+    what = "discarded (marked silent)" if discard else "released to the watches"
+    print(f"{source}: {count} held change(s) {what}")
+    return 0
+
+
+def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full: bool) -> int:
     names = list(names) or [s.name for s in config.sources]
-    results = materialize(
-        config, source_job_assets(config, names), instance(), tags=sync_tags(names)
-    )
+    tags = sync_tags(names)
+    # The sync asset reads these run tags: a backfill or a sweep is a property of the run.
+    if silent:
+        tags[SILENT_TAG] = "true"
+    if full:
+        tags[FULL_TAG] = "true"
+    results = materialize(config, source_job_assets(config, names), instance(), tags=tags)
     for asset, meta in results.items():
         print(summarize(asset, meta))
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -83,6 +83,21 @@ def _column_shorthand(value: Any) -> Any:
     return {"type": value} if isinstance(value, str) else value
 
 
+class StormGuard(BaseModel):
+    """Holds a sync's changes from evaluation when it changes too much of a source at once.
+
+    A sync that inserts, updates or deletes more than ``max_share`` of the rows the source had
+    (and at least ``min_rows`` rows) is more likely an API format change or a broken
+    normalization than real news; its changes wait for ``changewatch release``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_share: float = Field(default=0.5, gt=0, le=1)
+    min_rows: int = Field(default=100, ge=1)
+
+
 class SourceBase(BaseModel):
     """Settings every source declares, whatever its type."""
 
@@ -102,6 +117,14 @@ class SourceBase(BaseModel):
     cron: str | None = None
     timezone: str = "UTC"
     description: str | None = None
+    # silent: the first sync records the baseline without handing its changes to watches,
+    # so turning on a watch does not notify about every object that already exists.
+    baseline: Literal["silent", "evaluate"] = "silent"
+    storm: StormGuard = Field(default_factory=StormGuard)
+
+    # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
+    # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.
+    lists_everything: ClassVar[bool] = True
 
     @model_validator(mode="before")
     @classmethod

@@ -9,5 +9,10 @@ CREATE TABLE IF NOT EXISTS {changes} (
     new_hash TEXT,
     changed_columns TEXT[],
     detected_at TIMESTAMPTZ NOT NULL,
+    -- Recorded but never evaluated: a silent baseline or a silent backfill.
+    silent BOOLEAN NOT NULL DEFAULT FALSE,
+    -- Waiting for `changewatch release`: the sync that made it looked like a change storm.
+    held BOOLEAN NOT NULL DEFAULT FALSE,
+    released_at TIMESTAMPTZ,
     {value_defs}
 )

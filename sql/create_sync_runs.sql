@@ -15,5 +15,8 @@ CREATE TABLE IF NOT EXISTS sync_runs (
     unchanged BIGINT,
     cursor_before TEXT,
     cursor_after TEXT,
+    silent BOOLEAN,
+    storm_held BOOLEAN,
+    not_modified BOOLEAN,
     error TEXT
 )

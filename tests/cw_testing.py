@@ -24,5 +24,7 @@ def demo_source_settings(base_url: str, columns: dict[str, Any], **overrides: An
         "primary_key": "number",
         "updated_at": "updated_at",
         "columns": columns,
+        # Most tests follow changes from the very first sync; the silent default has its own.
+        "baseline": "evaluate",
     }
     return settings | overrides

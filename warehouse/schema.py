@@ -40,8 +40,12 @@ def changes_table(table: str) -> str:
 def ensure_bookkeeping(wh: Warehouse) -> None:
     """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
     _ddl_lock(wh)
-    for name in ("create_sync_state", "create_sync_runs"):
+    for name in ("create_sync_state", "create_sync_runs", "create_http_validators"):
         wh.execute(render(name, wh.dialect))
+    # Columns added in later releases, for warehouses created before them.
+    _add_missing_columns(
+        wh, "sync_runs", {"silent": "BOOLEAN", "storm_held": "BOOLEAN", "not_modified": "BOOLEAN"}
+    )
 
 
 def ensure_evaluation_tables(wh: Warehouse) -> None:
@@ -99,29 +103,38 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
             value_defs=value_defs,
         )
     )
-    added = _add_missing_columns(wh, table, {n: s.type for n, s in config.columns.items()})
+    added = _add_missing_columns(
+        wh, table, {n: SQL_TYPES[s.type] for n, s in config.columns.items()}
+    )
     _add_missing_columns(
         wh,
         changes,
-        {p + n: s.type for n, s in config.columns.items() for p in ("old_", "new_")},
+        {p + n: SQL_TYPES[s.type] for n, s in config.columns.items() for p in ("old_", "new_")}
+        | {
+            "silent": "BOOLEAN NOT NULL DEFAULT FALSE",
+            "held": "BOOLEAN NOT NULL DEFAULT FALSE",
+            "released_at": "TIMESTAMPTZ",
+        },
     )
     return added
 
 
 def _add_missing_columns(wh: Warehouse, table: str, wanted: dict[str, str]) -> list[str]:
+    """Add the columns of ``wanted`` (name -> SQL type) that ``table`` lacks; return them."""
     # A column declared after the table was created: add it (NULL for existing rows) rather
     # than fail, so editing config never requires dropping synced data.
-    present = {
-        row[0]
-        for row in wh.fetch(
-            "SELECT column_name FROM information_schema.columns "
-            "WHERE table_name = $1 AND table_schema = current_schema()",
-            (table,),
-        )
-    }
+    present = {row[0] for row in wh.fetch(render("select_columns_table", wh.dialect), (table,))}
     missing = [name for name in wanted if name not in present]
     for name in missing:
-        wh.execute(f"ALTER TABLE {quote(table)} ADD COLUMN {quote(name)} {SQL_TYPES[wanted[name]]}")
+        wh.execute(
+            render(
+                "alter_table_add_column",
+                wh.dialect,
+                table=quote(table),
+                column=quote(name),
+                sql_type=wanted[name],
+            )
+        )
     return missing
 
 

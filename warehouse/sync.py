@@ -15,13 +15,21 @@ from typing import Any
 
 import polars as pl
 
-from sources.base import FetchResult, Source, SourceBase
+from sources.base import FetchResult, Source, SourceBase, Validator
 from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN, normalize
 from warehouse.backends import Warehouse
 from warehouse.schema import changes_table, ensure_bookkeeping, ensure_source_tables
 from warehouse.statements import quote, render
 
-__all__ = ["SyncStats", "apply_sync", "diff", "format_cursor", "run_sync"]
+__all__ = [
+    "SyncStats",
+    "apply_sync",
+    "diff",
+    "format_cursor",
+    "held_changes",
+    "release_changes",
+    "run_sync",
+]
 
 _OLD_HASH = "old_hash"
 _NEW_HASH = "new_hash"
@@ -45,6 +53,12 @@ class SyncStats:
     cursor_before: str | None = None
     cursor_after: str | None = None
     columns_added: tuple[str, ...] = ()
+    # The changes were recorded silently (a baseline or a backfill): no watch evaluates them.
+    silent: bool = False
+    # The sync changed too much at once; its changes wait for `changewatch release`.
+    storm_held: bool = False
+    # Every request was answered 304: nothing was parsed.
+    not_modified: bool = False
     duration_s: float = 0.0
 
     @property
@@ -73,12 +87,20 @@ def run_sync(
     *,
     dagster_run_id: str | None = None,
     now: datetime | None = None,
+    silent: bool = False,
+    full: bool = False,
 ) -> SyncStats:
     """Sync ``source`` into ``wh`` once and return what happened.
 
     Records the attempt in ``sync_runs`` first (its own transaction), fetches from the stored
-    cursor, then applies everything in one transaction. On failure the attempt is marked
-    failed and the exception propagates; nothing of the failed sync is stored.
+    cursor (with the stored HTTP validators), then applies everything in one transaction. On
+    failure the attempt is marked failed and the exception propagates; nothing of the failed
+    sync is stored.
+
+    ``silent`` records the changes without handing them to watches (a backfill); the first
+    sync of a source is silent anyway unless its ``baseline`` is ``evaluate``. ``full`` walks
+    the complete listing, ignoring cursor and validators, so objects that vanished from an
+    incremental API become deletes: the reconciliation sweep.
     """
     config = source.config
     started = time.perf_counter()
@@ -87,20 +109,28 @@ def run_sync(
     with wh.transaction():
         ensure_bookkeeping(wh)
         columns_added = ensure_source_tables(wh, config)
-        cursor = _stored_cursor(wh, config)
+        state = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
+        cursor = state[0][0] if state else None
+        validators = {} if full else _stored_validators(wh, config)
         wh.execute(
             render("insert_sync_runs", wh.dialect),
             (sync_id, config.name, dagster_run_id, started_at, cursor),
         )
         wh.execute(render("abandon_sync_runs", wh.dialect), (config.name, sync_id))
+    if full and not config.lists_everything:
+        raise ValueError(f"source {config.name!r} cannot list everything: no full sweep")
     stats = SyncStats(
         source=config.name,
         sync_id=sync_id,
         cursor_before=cursor,
         columns_added=tuple(columns_added),
+        silent=silent or (not state and config.baseline == "silent"),
     )
     try:
-        fetched = source.fetch(cursor=cursor)
+        fetched = source.fetch(cursor=None if full else cursor, validators=validators)
+        if full:
+            # Nothing was conditional and nothing was filtered by a cursor: this is everything.
+            fetched.complete = True
         frame = normalize(fetched, config, synced_at=started_at)
         apply_sync(wh, config, frame, fetched, stats, started=started)
     except BaseException as error:
@@ -140,10 +170,16 @@ def apply_sync(
         stats.updated = by_kind.get("update", 0)
         stats.deleted = by_kind.get("delete", 0)
         stats.unchanged = frame.height - stats.inserted - stats.updated
-        if changes.height:
-            _write_changes(wh, config, frame, changes, stats.sync_id, finished_at)
-        cursor_after = _next_cursor(stats.cursor_before, frame, config)
         previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
+        stats.not_modified = fetched.not_modified
+        stats.storm_held = not stats.silent and _is_storm(
+            config, stats, previous[0][1] if previous else None
+        )
+        if changes.height:
+            _write_changes(wh, config, frame, changes, stats, finished_at)
+        if not fetched.not_modified:
+            _replace_validators(wh, config, fetched)
+        cursor_after = _next_cursor(stats.cursor_before, frame, config)
         if fetched.complete or not previous or previous[0][1] is None:
             stats.row_count = _count(wh, config)
         else:
@@ -217,12 +253,51 @@ def _stored_hashes(
         )
 
 
+def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -> bool:
+    """Did this sync change more of the source than its storm guard allows?
+
+    >>> from sources.base import SourceBase
+    >>> config = SourceBase(name="s", type="rest", table="t", primary_key="id",
+    ...                     columns={"id": "bigint"})
+    >>> stats = SyncStats(source="s", sync_id="x", updated=80)
+    >>> _is_storm(config, stats, 100), _is_storm(config, stats, 1000), _is_storm(config, stats, 0)
+    (True, False, False)
+    """
+    guard = config.storm
+    if not guard.enabled or not previous_rows or previous_rows < guard.min_rows:
+        return False
+    return stats.changed > guard.max_share * previous_rows
+
+
+def _stored_validators(wh: Warehouse, config: SourceBase) -> dict[str, Validator]:
+    rows = wh.fetch(render("select_http_validators", wh.dialect), (config.name,))
+    return {key: Validator(etag=etag, last_modified=modified) for key, etag, modified in rows}
+
+
+def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult) -> None:
+    # Inside the sync transaction: the validators commit with the rows they describe.
+    wh.execute(render("delete_http_validators", wh.dialect), (config.name,))
+    if not fetched.validators:
+        return
+    staged = pl.DataFrame(
+        {
+            "source": [config.name] * len(fetched.validators),
+            "request_key": list(fetched.validators),
+            "etag": [v.etag for v in fetched.validators.values()],
+            "last_modified": [v.last_modified for v in fetched.validators.values()],
+        },
+        schema={k: pl.String for k in ("source", "request_key", "etag", "last_modified")},
+    )
+    with wh.staged("cw_validators", staged) as stage:
+        wh.execute(render("insert_http_validators_staged", wh.dialect, stage=stage))
+
+
 def _write_changes(
     wh: Warehouse,
     config: SourceBase,
     frame: pl.DataFrame,
     changes: pl.DataFrame,
-    sync_id: str,
+    stats: SyncStats,
     detected_at: datetime,
 ) -> None:
     keys, columns = config.primary_key, list(config.columns)
@@ -269,7 +344,9 @@ def _write_changes(
                     select_columns=_select_list(config, columns),
                 )
             )
-    log = _change_rows(config, frame, old_rows, changes, sync_id, detected_at)
+    log = _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at).with_columns(
+        pl.lit(stats.silent).alias("silent"), pl.lit(stats.storm_held).alias("held")
+    )
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
     with wh.staged("cw_changes", log) as stage:
         wh.execute(
@@ -368,11 +445,6 @@ def _key_join(keys: list[str]) -> str:
     return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
 
 
-def _stored_cursor(wh: Warehouse, config: SourceBase) -> str | None:
-    rows = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
-    return rows[0][0] if rows else None
-
-
 def _next_cursor(before: str | None, frame: pl.DataFrame, config: SourceBase) -> str | None:
     """The newest updated-at seen so far: the cursor never moves backwards."""
     if config.updated_at is None or frame.is_empty():
@@ -404,6 +476,9 @@ def _finish_params(stats: SyncStats, finished_at: datetime, error: str | None) -
         stats.unchanged,
         stats.cursor_after,
         error,
+        stats.silent,
+        stats.storm_held,
+        stats.not_modified,
     )
 
 
@@ -423,3 +498,25 @@ def _record_failure(wh: Warehouse, stats: SyncStats, error: BaseException) -> No
 
 # Column names the sync adds to every source table, for readers of the tables.
 BOOKKEEPING_COLUMNS = (HASH_COLUMN, SYNCED_AT_COLUMN, RAW_COLUMN)
+
+
+def held_changes(wh: Warehouse, config: SourceBase) -> int:
+    """How many of the source's changes wait for a release after a change storm."""
+    changes = quote(changes_table(config.table))
+    return wh.fetch(render("count_changes_held", wh.dialect, changes=changes))[0][0]
+
+
+def release_changes(wh: Warehouse, config: SourceBase, *, discard: bool = False) -> int:
+    """Release held changes to the watches (or, with ``discard``, mark them silent).
+
+    Returns how many changes were settled.
+    """
+    changes = quote(changes_table(config.table))
+    with wh.transaction():
+        if discard:
+            rows = wh.fetch(render("update_changes_discard", wh.dialect, changes=changes))
+        else:
+            rows = wh.fetch(
+                render("update_changes_release", wh.dialect, changes=changes), (datetime.now(UTC),)
+            )
+    return len(rows)

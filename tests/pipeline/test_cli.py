@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import email
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
+
+from sources.demo import DemoTracker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,36 +38,189 @@ def sync_lines(output: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(pattern, output)]
 
 
-def test_demo_tells_the_whole_story(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+DEMO_ARGS = {"issues": 25, "seed": 7, "create": 1, "update": 4, "delete": 2}
+EVAL_LINE = re.compile(
+    r"^eval_(\w+): (\d+) change\(s\) read, (\d+) passed the filter, (\d+) judged "
+    r"\((\d+) cached\), (\d+) notified, (\d+) duplicate\(s\), (\d+) held$",
+    re.MULTILINE,
+)
+DELIVERY_LINE = re.compile(
+    r"^notifications: (\d+) delivered, (\d+) to retry, (\d+) dead-lettered$", re.MULTILINE
+)
+EVAL_FIELDS = ("read", "passed", "judged", "cached", "notified", "duplicates", "held")
+
+
+@pytest.fixture
+def llm_url() -> Iterator[str]:
+    """An LLM endpoint that refuses connections at once: a bound port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+def evaluations(section: str) -> dict[str, dict[str, int]]:
+    return {
+        m[0]: dict(zip(EVAL_FIELDS, map(int, m[1:]), strict=True))
+        for m in EVAL_LINE.findall(section)
+    }
+
+
+def labelled_bug(issue: dict) -> bool:
+    return "bug" in {label["name"] for label in issue["labels"]}
+
+
+def expected_story() -> dict[str, list[list[str]]]:
+    """What each watch without a judge notifies in each of the three rounds, as titles,
+    computed from the demo tracker (deterministic for a seed and a sequence of mutations)."""
+    tracker = DemoTracker(issues=DEMO_ARGS["issues"], seed=DEMO_ARGS["seed"])
+    before = {issue["number"]: issue for issue in tracker.snapshot()}
+    mutation = tracker.mutate(
+        create=DEMO_ARGS["create"], update=DEMO_ARGS["update"], delete=DEMO_ARGS["delete"]
+    )
+    after = {issue["number"]: issue for issue in tracker.snapshot()}
+    new_bugs = [
+        [f"New bug #{n}: {i['title']}" for n, i in before.items() if labelled_bug(i)],
+        [],
+        [
+            f"New bug #{n}: {after[n]['title']}"
+            for n in mutation["created"]
+            if labelled_bug(after[n])
+        ],
+    ]
+    closed = [
+        [],
+        [],
+        [
+            f"Closed #{n}: {after[n]['title']}"
+            for n in mutation["updated"]
+            if before[n]["state"] == "open" and after[n]["state"] == "closed"
+        ],
+    ]
+    return {"new_bugs": new_bugs, "closed_issues": closed}
+
+
+def run_demo(cwd: Path, llm: str) -> subprocess.CompletedProcess[str]:
+    args = [f"--{name}={value}" for name, value in DEMO_ARGS.items()]
+    return run_cli("demo", *args, cwd=cwd, CHANGEWATCH_LLM_BASE_URL=llm)
+
+
+def test_demo_tells_the_whole_story(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llm_url: str
+) -> None:
     (tmp_path / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
     (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
-    done = run_cli(
-        "demo", "--issues", "25", "--update", "4", "--delete", "2", "--create", "1", cwd=tmp_path
-    )
+    done = run_demo(tmp_path, llm_url)
     assert done.returncode == 0, done.stdout + done.stderr
     # First sync: all new; second: nothing; third: exactly what the API changed.
     assert sync_lines(done.stdout) == [(25, 0, 0, 0), (0, 0, 0, 25), (1, 4, 2, 19)]
-    database = tmp_path / ".changewatch" / "warehouse.duckdb"
+
+    # Each round evaluates the sync's changes and delivers what the watches notified.
+    story = expected_story()
+    assert story["new_bugs"][0], "seed 7 opens no bug: pick another seed"
+    notified: list[str] = []
+    sections = done.stdout.split("\n== ")
+    rounds, digest_section = sections[1:4], sections[4]
+    assert [re.split("[,:]", r)[0] for r in rounds] == ["first run", "second run", "third run"]
+    for number, section in enumerate(rounds):
+        evals = evaluations(section)
+        assert set(evals) == {"new_bugs", "closed_issues", "security_review"}, section
+        changes = [25, 0, 1 + 4 + 2][number]
+        for watch in ("new_bugs", "closed_issues"):
+            titles = story[watch][number]
+            assert evals[watch]["read"] == changes, (watch, section)
+            assert evals[watch]["passed"] == evals[watch]["notified"] == len(titles), watch
+            assert evals[watch]["judged"] == evals[watch]["held"] == 0
+            for title in titles:  # the console channel printed it
+                assert title in section
+            notified += titles
+        # No model answers: the security review holds every change that passed its filter
+        # (inserts, relabels, retitles) and says so; nothing is notified unjudged.
+        review = evals["security_review"]
+        assert review["notified"] == 0
+        assert review["held"] == review["passed"] > 0
+        assert 0 < review["judged"] <= 3  # the breaker stops after three failed calls
+        assert f"are held: no model answered at {llm_url}" in section
+        if number == 0:
+            assert review["read"] == review["passed"] == 25  # every insert
+        [delivery] = DELIVERY_LINE.findall(section)
+        # Each notification goes to both of its channels: console and notifications_file.
+        assert tuple(map(int, delivery)) == (
+            2 * evals["new_bugs"]["notified"] + 2 * evals["closed_issues"]["notified"],
+            0,
+            0,
+        )
+
+    # The digest of today holds every notification; sent once, a re-run is a no-op.
+    count = len(notified)
+    written = re.search(
+        rf"^digest_daily: written, {count} item\(s\) -> (.+)$", digest_section, re.MULTILINE
+    )
+    assert written, digest_section
+    assert f"\nagain: digest_daily: already_sent, {count} item(s)\n" in digest_section
+    files = [tmp_path / name for name in written[1].split(", ")]
+    assert sorted(f.suffix for f in files) == [".eml", ".html"]
+    assert all(f.is_file() for f in files)
+    [eml] = [f for f in files if f.suffix == ".eml"]
+    message = email.message_from_bytes(eml.read_bytes())
+    assert f"{count} change(s)" in message["Subject"]
+    [text] = [p for p in message.walk() if p.get_content_type() == "text/plain"]
+    body = text.get_payload(decode=True).decode(text.get_content_charset() or "utf-8")
+    for title in notified:
+        assert title in body
+
+    # The notifications file: one JSON line per delivered notification.
+    lines = (tmp_path / ".changewatch" / "notifications.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert sorted(r["title"] for r in records) == sorted(notified)
+
+    # The demo keeps its own warehouse, next to the notifications.
+    database = tmp_path / ".changewatch" / "demo.duckdb"
     assert f"warehouse: {database}" in done.stdout
+    assert not (tmp_path / ".changewatch" / "warehouse.duckdb").exists()
     with duckdb.connect(str(database), read_only=True) as con:
         kinds = con.execute(
             "SELECT kind, count(*) FROM issues_changes GROUP BY kind ORDER BY kind"
         ).fetchall()
         assert kinds == [("delete", 2), ("insert", 26), ("update", 4)]
-    # The three syncs are Dagster runs, recorded in the instance under DAGSTER_HOME (this
-    # folder, because it holds dagster.yaml), where `dagster dev` shows them.
+        outbox = con.execute("SELECT notification_id, dedupe_key, title FROM outbox").fetchall()
+        assert sorted(title for _, _, title in outbox) == sorted(notified)
+        assert len({key for _, key, _ in outbox}) == len(outbox)  # dedupe keys are unique
+        assert {r["notification_id"] for r in records} == {nid for nid, _, _ in outbox}
+        sent = con.execute(
+            "SELECT channel, count(*) FROM deliveries WHERE status = 'sent' "
+            "GROUP BY channel ORDER BY channel"
+        ).fetchall()
+        assert sent == [("console", count), ("notifications_file", count)]
+
+    # The three syncs and two digest runs are Dagster runs, recorded in the instance under
+    # DAGSTER_HOME (this folder, because it holds dagster.yaml), where `dagster dev` shows them.
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         runs = instance.get_runs()
-        assert len(runs) == 3
+        assert len(runs) == 5
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
-        assert {run.tags.get("changewatch/source") for run in runs} == {"demo_issues"}
+        syncs = [run for run in runs if "changewatch/source" in run.tags]
+        assert len(syncs) == 3
+        assert {run.tags["changewatch/source"] for run in syncs} == {"demo_issues"}
+        job_assets = {"issues", "eval_new_bugs", "eval_closed_issues", "eval_security_review"}
+        job_assets.add("notifications")
+        for run in syncs:
+            events = instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+            assert {e.dagster_event.asset_key.to_user_string() for e in events} == job_assets
+        day = re.search(r"^digest daily for (\d{4}-\d{2}-\d{2}) ", digest_section)
+        assert day, digest_section
+        digests = [run for run in runs if run not in syncs]
+        assert [run.tags.get("dagster/partition") for run in digests] == [day[1], day[1]]
+        assert instance.get_materialized_partitions(AssetKey("digest_daily")) == {day[1]}
 
     # Running the demo again tells the same story: it starts from a clean slate.
-    again = run_cli(
-        "demo", "--issues", "25", "--update", "4", "--delete", "2", "--create", "1", cwd=tmp_path
-    )
+    again = run_demo(tmp_path, llm_url)
+    assert again.returncode == 0, again.stdout + again.stderr
     assert sync_lines(again.stdout) == sync_lines(done.stdout)
+    assert evaluations(again.stdout) == evaluations(done.stdout)
+    assert DELIVERY_LINE.findall(again.stdout) == DELIVERY_LINE.findall(done.stdout)
+    assert f"digest_daily: written, {count} item(s)" in again.stdout
+    assert f"again: digest_daily: already_sent, {count} item(s)" in again.stdout
 
 
 def test_sql_command_reads_the_warehouse(tmp_path: Path) -> None:

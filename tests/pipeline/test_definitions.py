@@ -237,7 +237,10 @@ def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert [t.job_name for t in sensor.targets] == [f"sync_{interval_source['name']}"]
     assert set(defs.resolve_all_asset_keys()) == keys(
-        interval_source["table"], "nightly_issues", *EVAL_ASSETS, NOTIFICATIONS_ASSET,
+        interval_source["table"],
+        "nightly_issues",
+        *EVAL_ASSETS,
+        NOTIFICATIONS_ASSET,
         "digest_daily",
     )
     graph = defs.resolve_asset_graph()

@@ -1,0 +1,2 @@
+-- Changes waiting for `changewatch release` (a change storm was detected).
+SELECT count(*) FROM {changes} WHERE held

@@ -1,0 +1,10 @@
+-- ETag / Last-Modified of each request of a source's last successful sync, sent back as
+-- If-None-Match / If-Modified-Since. Replaced in the same transaction as the rows they
+-- describe: a validator never runs ahead of the data it vouches for.
+CREATE TABLE IF NOT EXISTS http_validators (
+    source TEXT NOT NULL,
+    request_key TEXT NOT NULL,
+    etag TEXT,
+    last_modified TEXT,
+    PRIMARY KEY (source, request_key)
+)

@@ -1,0 +1,1 @@
+DELETE FROM http_validators WHERE source = $1
