@@ -68,6 +68,11 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
                 full=context.run.tags.get(FULL_TAG) == "true",
             )
             held = held_changes(wh, source)
+        if stats.drift:
+            context.log.warning(
+                f"{source.name}: new payload fields {sorted(stats.drift)} "
+                f"(schema: {source.schema_mode})"
+            )
         if stats.storm_held:
             context.log.warning(
                 f"{source.name}: change storm: {stats.changed} changes in one sync; they are "
@@ -96,6 +101,7 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
                 "silent": stats.silent,
                 "storm_held": stats.storm_held,
                 "not_modified": stats.not_modified,
+                "schema_drift": ", ".join(f"{f} ({t})" for f, t in sorted(stats.drift.items())),
             },
             check_results=[
                 dg.AssetCheckResult(

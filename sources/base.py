@@ -101,7 +101,7 @@ class StormGuard(BaseModel):
 class SourceBase(BaseModel):
     """Settings every source declares, whatever its type."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: Identifier
     type: str
@@ -121,6 +121,11 @@ class SourceBase(BaseModel):
     # so turning on a watch does not notify about every object that already exists.
     baseline: Literal["silent", "evaluate"] = "silent"
     storm: StormGuard = Field(default_factory=StormGuard)
+    # When a payload field appears that was not there before (schema drift): evolve adds it
+    # as a column of the table, discard keeps it in the raw payload only, freeze fails the
+    # sync until the config says what to do. Either way a drift event is recorded, and the
+    # content hash (declared columns only) does not change.
+    schema_mode: Literal["evolve", "discard", "freeze"] = Field(default="evolve", alias="schema")
 
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "SYNCED_AT_COLUMN",
     "empty_frame",
     "normalize",
+    "normalize_with_fields",
     "parse_path",
 ]
 
@@ -92,6 +93,20 @@ def parse_path(path: str) -> tuple[_Step, ...]:
 def normalize(
     fetched: FetchResult, config: SourceBase, *, synced_at: datetime, first_document: int = 0
 ) -> pl.DataFrame:
+    """The typed frame of one fetch (see ``normalize_with_fields``)."""
+    return normalize_with_fields(
+        fetched, config, synced_at=synced_at, first_document=first_document
+    )[0]
+
+
+def normalize_with_fields(
+    fetched: FetchResult,
+    config: SourceBase,
+    *,
+    synced_at: datetime,
+    first_document: int = 0,
+    known_fields: Collection[str] | None = None,
+) -> tuple[pl.DataFrame, dict[str, str | None]]:
     """Typed frame of one fetch: declared columns, then ``_content_hash``, ``_synced_at``, ``_raw``.
 
     One row per primary key: when an object came more than once (it moved between pages, or
@@ -99,10 +114,15 @@ def normalize(
     Raises ``PayloadError`` naming the source and record when a document is not JSON, a value
     cannot take its declared type, or a primary key is missing. ``first_document`` numbers
     the documents of a batch within the whole fetch, for error messages.
+
+    Also returns the top-level fields the records carry, for schema drift: each field not in
+    ``known_fields`` comes with the changewatch type of its values (``text``, ``bigint``,
+    ``double``, ``boolean`` or ``json``), the known ones with None. Without ``known_fields``
+    (a source's first sync: its baseline schema) no types are worked out.
     """
     if not fetched.documents:
-        return empty_frame(config)
-    statement = _statement(config, fetched.records_path)
+        return empty_frame(config), {}
+    records = _records_expr(fetched.records_path)
     documents = pl.DataFrame(
         {
             "doc_index": range(first_document, first_document + len(fetched.documents)),
@@ -115,7 +135,15 @@ def normalize(
         con.execute("SET TimeZone = 'UTC'")
         con.register("documents", documents.to_arrow())
         try:
-            table = con.sql(statement).to_arrow_table()
+            con.execute(sql.load("create_records_documents").format(records=records))
+            table = con.sql(_statement(config)).to_arrow_table()
+            fields: dict[str, str | None] = {
+                field: None for (field,) in con.sql(sql.load("select_fields_records")).fetchall()
+            }
+            for field in fields.keys() - set(known_fields or fields):
+                path = "$." + json.dumps(field)
+                found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
+                fields[field] = _FIELD_TYPES.get(found[0][0] if found else "NULL", "json")
         except duckdb.Error as error:
             raise _locate_bad_document(con, config, error) from None
     frame = pl.from_arrow(table)
@@ -123,12 +151,13 @@ def normalize(
     _check(frame, config)
     frame = _newest_per_key(frame, config)
     schema = {name: POLARS_TYPES[spec.type] for name, spec in config.columns.items()}
-    return frame.select(
+    frame = frame.select(
         *(pl.col(name).cast(dtype) for name, dtype in schema.items()),
         HASH_COLUMN,
         pl.lit(synced_at).cast(UTC_MICROS).alias(SYNCED_AT_COLUMN),
         RAW_COLUMN,
     )
+    return frame, fields
 
 
 def _newest_per_key(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:
@@ -148,7 +177,26 @@ def empty_frame(config: SourceBase) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
-def _statement(config: SourceBase, records_path: str | None) -> str:
+# JSON types DuckDB reports -> the changewatch column type a drifted field gets.
+_FIELD_TYPES = {
+    "VARCHAR": "text",
+    "BIGINT": "bigint",
+    "UBIGINT": "bigint",
+    "DOUBLE": "double",
+    "BOOLEAN": "boolean",
+    "ARRAY": "json",
+    "OBJECT": "json",
+    "NULL": "text",
+}
+
+
+def _records_expr(records_path: str | None) -> str:
+    if records_path:
+        return f"json_extract(doc, {_literal(_dotted_json_path(records_path))})"
+    return "doc"
+
+
+def _statement(config: SourceBase) -> str:
     """The normalization query for one source (see ``sql/select_normalized_records.sql``)."""
     tree: dict[str, Any] = {}
     for name, spec in config.columns.items():
@@ -162,11 +210,6 @@ def _statement(config: SourceBase, records_path: str | None) -> str:
         if spec.type not in ("text", "json") and "[]" not in (spec.path or "")
     )
     return sql.load("select_normalized_records").format(
-        records=(
-            f"json_extract(doc, {_literal(_dotted_json_path(records_path))})"
-            if records_path
-            else "doc"
-        ),
         schema=_literal(json.dumps(tree)),
         column_exprs=", ".join(f"{expr} AS {_q(name)}" for name, expr in columns.items()),
         columns=", ".join(_q(name) for name in config.columns),

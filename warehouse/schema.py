@@ -40,7 +40,12 @@ def changes_table(table: str) -> str:
 def ensure_bookkeeping(wh: Warehouse) -> None:
     """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
     _ddl_lock(wh)
-    for name in ("create_sync_state", "create_sync_runs", "create_http_validators"):
+    for name in (
+        "create_sync_state",
+        "create_sync_runs",
+        "create_http_validators",
+        "create_source_fields",
+    ):
         wh.execute(render(name, wh.dialect))
     # Columns added in later releases, for warehouses created before them.
     _add_missing_columns(

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
 
-from sources.base import FetchResult, Source, SourceBase, Validator
-from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN, normalize
+from sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
+from sources.errors import PayloadError
+from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN, normalize_with_fields
 from warehouse.backends import Warehouse
-from warehouse.schema import changes_table, ensure_bookkeeping, ensure_source_tables
+from warehouse.schema import SQL_TYPES, changes_table, ensure_bookkeeping, ensure_source_tables
 from warehouse.statements import quote, render
 
 __all__ = [
@@ -59,6 +60,8 @@ class SyncStats:
     storm_held: bool = False
     # Every request was answered 304: nothing was parsed.
     not_modified: bool = False
+    # Payload fields seen for the first time (schema drift): field -> type.
+    drift: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
 
     @property
@@ -112,6 +115,10 @@ def run_sync(
         state = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
         cursor = state[0][0] if state else None
         validators = {} if full else _stored_validators(wh, config)
+        known = {
+            row[0]: (row[1], row[2])
+            for row in wh.fetch(render("select_source_fields", wh.dialect), (config.name,))
+        }
         wh.execute(
             render("insert_sync_runs", wh.dialect),
             (sync_id, config.name, dagster_run_id, started_at, cursor),
@@ -131,8 +138,20 @@ def run_sync(
         if full:
             # Nothing was conditional and nothing was filtered by a cursor: this is everything.
             fetched.complete = True
-        frame = normalize(fetched, config, synced_at=started_at)
-        apply_sync(wh, config, frame, fetched, stats, started=started)
+        frame, fields = normalize_with_fields(
+            fetched, config, synced_at=started_at, known_fields=list(known) if known else None
+        )
+        stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
+        if stats.drift and config.schema_mode == "freeze":
+            raise PayloadError(
+                f"source {config.name!r}: new payload fields {sorted(stats.drift)} and the "
+                "source's schema is frozen: declare them as columns, or set schema: evolve or "
+                "schema: discard"
+            )
+        evolved = {f: t for f, (t, action) in known.items() if action == "evolved"}
+        apply_sync(
+            wh, config, frame, fetched, stats, started=started, fields=fields, evolved=evolved
+        )
     except BaseException as error:
         _record_failure(wh, stats, error)
         raise
@@ -147,11 +166,15 @@ def apply_sync(
     stats: SyncStats,
     *,
     started: float | None = None,
+    fields: dict[str, str | None] | None = None,
+    evolved: dict[str, str] | None = None,
 ) -> SyncStats:
     """Diff ``frame`` against the stored table and commit rows, changes and cursor at once.
 
     ``frame`` is the output of ``sources.normalize.normalize``. Deletes are inferred only when
-    ``fetched.complete`` (the fetch listed everything). Updates ``stats`` in place.
+    ``fetched.complete`` (the fetch listed everything). ``fields`` are the payload fields the
+    fetch saw (recorded for schema drift), ``evolved`` the drifted fields that are already
+    columns. Updates ``stats`` in place.
     """
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
@@ -175,8 +198,11 @@ def apply_sync(
         stats.storm_held = not stats.silent and _is_storm(
             config, stats, previous[0][1] if previous else None
         )
+        evolved = dict(evolved or {})
+        if fields:
+            evolved |= _record_fields(wh, config, frame, fields, stats, finished_at, evolved)
         if changes.height:
-            _write_changes(wh, config, frame, changes, stats, finished_at)
+            _write_changes(wh, config, frame, changes, stats, finished_at, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
         cursor_after = _next_cursor(stats.cursor_before, frame, config)
@@ -253,6 +279,95 @@ def _stored_hashes(
         )
 
 
+def _from_raw(field: str, field_type: str, raw: str = "_raw") -> str:
+    """SQL (Postgres syntax, transpiled per backend) reading a drifted field from the raw JSON.
+
+    >>> _from_raw("score", "double")
+    'CAST(CAST(_raw AS JSON) ->> \'score\' AS DOUBLE PRECISION)'
+    """
+    key = "'" + field.replace("'", "''") + "'"
+    if field_type == "json":
+        return f"CAST(CAST({raw} AS JSON) -> {key} AS JSON)"
+    return f"CAST(CAST({raw} AS JSON) ->> {key} AS {SQL_TYPES[field_type]})"
+
+
+def _record_fields(
+    wh: Warehouse,
+    config: SourceBase,
+    frame: pl.DataFrame,
+    fields: dict[str, str | None],
+    stats: SyncStats,
+    seen_at: datetime,
+    evolved: dict[str, str],
+) -> dict[str, str]:
+    """Remember the payload fields; make new ones columns when the source evolves.
+
+    Returns the fields that became columns in this sync.
+    """
+    known = {row[0] for row in wh.fetch(render("select_source_fields", wh.dialect), (config.name,))}
+    baseline = not known
+    new = {f: t for f, t in fields.items() if f not in known}
+    if not new:
+        return {}
+    become_columns = {}
+    if not baseline and config.schema_mode == "evolve":
+        become_columns = {
+            f: t or "text"
+            for f, t in new.items()
+            if IDENTIFIER.match(f) and f not in config.columns and f not in evolved
+        }
+    action = {f: "baseline" if baseline else "discarded" for f in new} | {
+        f: "evolved" for f in become_columns
+    }
+    staged = pl.DataFrame(
+        {
+            "source": [config.name] * len(new),
+            "field": list(new),
+            "field_type": [new[f] for f in new],
+            "action": [action[f] for f in new],
+            "first_seen_at": [seen_at] * len(new),
+            "sync_id": [stats.sync_id] * len(new),
+        },
+        schema={
+            "source": pl.String,
+            "field": pl.String,
+            "field_type": pl.String,
+            "action": pl.String,
+            "first_seen_at": pl.Datetime("us", "UTC"),
+            "sync_id": pl.String,
+        },
+    )
+    with wh.staged("cw_fields", staged) as stage:
+        wh.execute(render("insert_source_fields_staged", wh.dialect, stage=stage))
+    if become_columns:
+        for f, t in become_columns.items():
+            wh.execute(
+                render(
+                    "alter_table_add_column",
+                    wh.dialect,
+                    table=quote(config.table),
+                    column=quote(f),
+                    sql_type=SQL_TYPES[t],
+                )
+            )
+        assignments = ", ".join(
+            ["_raw = CAST(s._raw AS JSON)"]
+            + [f"{quote(f)} = {_from_raw(f, t, 's._raw')}" for f, t in become_columns.items()]
+        )
+        with wh.staged("cw_drifted", frame.select(*config.primary_key, RAW_COLUMN)) as stage:
+            wh.execute(
+                render(
+                    "update_entity_staged_evolved",
+                    wh.dialect,
+                    table=quote(config.table),
+                    stage=stage,
+                    assignments=assignments,
+                    key_join=_key_join(config.primary_key),
+                )
+            )
+    return become_columns
+
+
 def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -> bool:
     """Did this sync change more of the source than its storm guard allows?
 
@@ -299,6 +414,7 @@ def _write_changes(
     changes: pl.DataFrame,
     stats: SyncStats,
     detected_at: datetime,
+    evolved: dict[str, str],
 ) -> None:
     keys, columns = config.primary_key, list(config.columns)
     table = quote(config.table)
@@ -342,6 +458,8 @@ def _write_changes(
                     stage=stage,
                     columns=", ".join(quote(c) for c in columns),
                     select_columns=_select_list(config, columns),
+                    evolved_columns="".join(f", {quote(f)}" for f in evolved),
+                    evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
                 )
             )
     log = _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at).with_columns(

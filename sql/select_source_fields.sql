@@ -1,0 +1,1 @@
+SELECT field, field_type, action FROM source_fields WHERE source = $1

@@ -1,0 +1,88 @@
+"""Schema drift: a payload field that appears later is recorded, and evolves, stays raw-only,
+or stops the sync, per the source's `schema` setting; no content hash moves because of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from apiserver import ApiServer, Reply
+
+from sources.errors import PayloadError
+from sources.rest import RestSource, RestSourceConfig
+from warehouse import connect
+from warehouse.sync import run_sync
+
+BEFORE = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
+AFTER = [{"id": 1, "name": "a", "score": 7}, {"id": 2, "name": "b", "score": 9}]
+
+
+def sync(url: str, api: ApiServer, records: list[dict], mode: str) -> Any:
+    api.queue("/items", Reply.json(records))
+    config = RestSourceConfig.model_validate(
+        {
+            "name": "items",
+            "type": "rest",
+            "table": "items",
+            "base_url": api.base_url,
+            "path": "/items",
+            "primary_key": "id",
+            "schema": mode,
+            "columns": {"id": "bigint", "name": "text"},
+        }
+    )
+    with connect(url) as wh:
+        return run_sync(wh, RestSource(config))
+
+
+def fields(url: str) -> list[tuple[str, str | None, str]]:
+    with connect(url) as wh:
+        return sorted(wh.fetch("SELECT field, field_type, action FROM source_fields"))
+
+
+@pytest.fixture
+def api() -> Any:
+    with ApiServer() as server:
+        yield server
+
+
+def test_evolve_adds_a_column_without_changing_any_row(warehouse_url: str, api: ApiServer) -> None:
+    first = sync(warehouse_url, api, BEFORE, "evolve")
+    assert first.drift == {}  # the first sync is the baseline schema
+    second = sync(warehouse_url, api, AFTER, "evolve")
+    assert second.drift == {"score": "bigint"}
+    assert second.changed == 0  # the hash covers declared columns only
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT id, score FROM items ORDER BY id") == [(1, 7), (2, 9)]
+    third = sync(warehouse_url, api, AFTER + [{"id": 3, "name": "c", "score": 4}], "evolve")
+    assert (third.inserted, third.drift) == (1, {})
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT score FROM items WHERE id = 3") == [(4,)]
+    assert ("score", "bigint", "evolved") in fields(warehouse_url)
+    assert ("name", None, "baseline") in fields(warehouse_url)
+
+
+def test_discard_keeps_the_field_in_the_raw_payload_only(
+    warehouse_url: str, api: ApiServer
+) -> None:
+    sync(warehouse_url, api, BEFORE, "discard")
+    stats = sync(warehouse_url, api, AFTER, "discard")
+    assert (stats.drift, stats.changed) == ({"score": "bigint"}, 0)
+    assert ("score", "bigint", "discarded") in fields(warehouse_url)
+    with connect(warehouse_url) as wh:
+        columns = [
+            r[0]
+            for r in wh.fetch(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = 'items'"
+            )
+        ]
+    assert "score" not in columns
+
+
+def test_freeze_stops_the_sync_and_stores_nothing(warehouse_url: str, api: ApiServer) -> None:
+    sync(warehouse_url, api, BEFORE, "freeze")
+    with pytest.raises(PayloadError, match=r"new payload fields \['score'\].*frozen"):
+        sync(warehouse_url, api, AFTER + [{"id": 3, "name": "c", "score": 1}], "freeze")
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT count(*) FROM items") == [(2,)]
+    assert [f for f, _, _ in fields(warehouse_url)] == ["id", "name"]
