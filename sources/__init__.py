@@ -6,8 +6,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from sources.base import ColumnSpec, FetchResult, Source, SourceBase
 from sources.errors import FetchError, PayloadError, SourceError
+from sources.feed import FeedSource, FeedSourceConfig
 from sources.rest import RestSource, RestSourceConfig
 
 __all__ = [
@@ -22,12 +27,14 @@ __all__ = [
     "build_source",
 ]
 
-# One member today; github and feed connectors join this union (discriminated by `type`).
-SourceConfig = RestSourceConfig
+# Every connector's settings, told apart by `type`.
+SourceConfig = Annotated[RestSourceConfig | FeedSourceConfig, Field(discriminator="type")]
 
 
 def build_source(config: SourceConfig) -> Source:
     """The connector for ``config``."""
     if isinstance(config, RestSourceConfig):
         return RestSource(config)
+    if isinstance(config, FeedSourceConfig):
+        return FeedSource(config)
     raise TypeError(f"no connector for source type {config.type!r}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import field_validator, model_validator
@@ -37,6 +37,9 @@ class FeedSourceConfig(SourceBase):
     ``DEFAULT_COLUMNS``. A feed lists only its latest entries, so an entry that drops out of
     it is never read as a delete, whatever ``sync`` says (see ``FeedSource.fetch``).
     """
+
+    # A feed shows a window of recent entries: no walk lists everything, so no sweep.
+    lists_everything: ClassVar[bool] = False
 
     type: Literal["feed"]
     url: str

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urljoin
 
 import feedparser
 import orjson
@@ -53,18 +54,20 @@ class ParsedFeed:
     records: list[dict[str, Any]]
 
 
-def parse_feed(body: bytes, headers: Mapping[str, str]) -> ParsedFeed:
-    """Records of every entry in ``body``; ``headers`` are the response's (lowercase names).
+def parse_feed(body: bytes, content_type: str | None = None, *, base_url: str = "") -> ParsedFeed:
+    """Records of every entry in ``body``, served as ``content_type``.
 
-    A ``content-location`` header is the base for relative links. Raises ``FeedFormatError``
-    when the body is not a feed: malformed XML with no entries, JSON that is not a JSON Feed,
-    an HTML page, nothing at all.
+    Relative entry links and enclosure URLs are resolved against ``base_url`` (the feed's
+    URL, without a query string) unless the document's ``xml:base`` says otherwise. Ids are
+    kept as written: an RSS guid like ``1042`` stays ``1042`` whatever URL the feed moves to.
+    Raises ``FeedFormatError`` when the body is not a feed: malformed XML with no entries,
+    JSON that is not a JSON Feed, an HTML page, nothing at all.
     """
-    media_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    media_type = (content_type or "").split(";")[0].strip().lower()
     start = body.removeprefix(_BOM).lstrip()[:1]
     if start == b"{" or (media_type in _JSON_MEDIA_TYPES and start != b"<"):
-        return _json_feed(body.removeprefix(_BOM))
-    return _xml_feed(body, headers)
+        return _json_feed(body.removeprefix(_BOM), base_url)
+    return _xml_feed(body, content_type, base_url)
 
 
 def fallback_id(link: str | None, title: str | None, summary: str | None) -> str:
@@ -82,28 +85,35 @@ def fallback_id(link: str | None, title: str | None, summary: str | None) -> str
 # --- RSS / Atom (feedparser) ------------------------------------------------------------------
 
 
-def _xml_feed(body: bytes, headers: Mapping[str, str]) -> ParsedFeed:
+def _xml_feed(body: bytes, content_type: str | None, base_url: str) -> ParsedFeed:
     # A stream, never bytes: feedparser treats a bytes argument that names a file as a path.
-    parsed = feedparser.parse(io.BytesIO(body), response_headers=dict(headers))
+    # No content-location: feedparser would resolve relative permalink guids against it, and
+    # an id must not change when the feed's URL does. Links are resolved below instead.
+    headers = {"content-type": content_type} if content_type else {}
+    parsed = feedparser.parse(io.BytesIO(body), response_headers=headers)
     entries = parsed.get("entries") or []
     version = parsed.get("version") or ""
     if not entries:
+        if not body.strip():
+            raise FeedFormatError("is empty")
+        if not version:
+            kind = content_type or "no content-type"
+            raise FeedFormatError(f"is not an RSS, Atom or JSON feed ({kind})")
         if parsed.get("bozo"):
             problem = str(parsed.get("bozo_exception") or "unreadable").splitlines()[0][:200]
             raise FeedFormatError(f"is not a well-formed feed ({problem})")
-        if not version:
-            kind = headers.get("content-type") or "no content-type"
-            raise FeedFormatError(f"is not an RSS, Atom or JSON feed ({kind})")
     # Atom entries without an author inherit the feed's (RFC 4287 section 4.2.1).
     inherited = _feedparser_author(parsed.get("feed") or {}) if version.startswith("atom") else None
-    return ParsedFeed(version, [_xml_record(entry, inherited) for entry in entries])
+    return ParsedFeed(version, [_xml_record(entry, inherited, base_url) for entry in entries])
 
 
-def _xml_record(entry: Mapping[str, Any], inherited_author: str | None) -> dict[str, Any]:
+def _xml_record(
+    entry: Mapping[str, Any], inherited_author: str | None, base_url: str
+) -> dict[str, Any]:
     # dict.get, not entry.get: feedparser's own `updated` falls back to `published` with a
     # DeprecationWarning; the fallback is done explicitly below.
     title = _plain_text(dict.get(entry, "title"), dict.get(entry, "title_detail"))
-    link = _str(dict.get(entry, "link"))
+    link = _url(dict.get(entry, "link"), base_url)
     summary = _str(dict.get(entry, "summary"))
     published = _from_struct(dict.get(entry, "published_parsed"))
     updated = _from_struct(dict.get(entry, "updated_parsed")) or published
@@ -122,7 +132,7 @@ def _xml_record(entry: Mapping[str, Any], inherited_author: str | None) -> dict[
         ],
         "enclosures": [
             {
-                "href": _str(enclosure.get("href")),
+                "href": _url(enclosure.get("href"), base_url),
                 "type": _str(enclosure.get("type")),
                 "length": _length(enclosure.get("length")),
             }
@@ -158,7 +168,7 @@ def _from_struct(value: Any) -> str | None:
 # --- JSON Feed 1.0 / 1.1 ----------------------------------------------------------------------
 
 
-def _json_feed(body: bytes) -> ParsedFeed:
+def _json_feed(body: bytes, base_url: str) -> ParsedFeed:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -172,12 +182,14 @@ def _json_feed(body: bytes) -> ParsedFeed:
     label = "json" + version.removeprefix(JSON_FEED_VERSION).replace(".", "")
     # Items without authors have the feed's (JSON Feed 1.1, "authors").
     inherited = _json_author(document)
-    return ParsedFeed(label, [_json_record(item, inherited) for item in items])
+    return ParsedFeed(label, [_json_record(item, inherited, base_url) for item in items])
 
 
-def _json_record(item: dict[str, Any], inherited_author: str | None) -> dict[str, Any]:
+def _json_record(
+    item: dict[str, Any], inherited_author: str | None, base_url: str
+) -> dict[str, Any]:
     title = _str(item.get("title"))
-    link = _str(item.get("url")) or _str(item.get("external_url"))
+    link = _url(item.get("url"), base_url) or _url(item.get("external_url"), base_url)
     html_content, text_content = _str(item.get("content_html")), _str(item.get("content_text"))
     summary = _str(item.get("summary")) or html_content or text_content
     published = _from_rfc3339(item.get("date_published"))
@@ -204,7 +216,7 @@ def _json_record(item: dict[str, Any], inherited_author: str | None) -> dict[str
         ],
         "enclosures": [
             {
-                "href": _str(attachment.get("url")),
+                "href": _url(attachment.get("url"), base_url),
                 "type": _str(attachment.get("mime_type")),
                 "length": _length(attachment.get("size_in_bytes")),
             }
@@ -252,6 +264,11 @@ def _str(value: Any) -> str | None:
     if not isinstance(value, str):
         return None
     return value.strip() or None
+
+
+def _url(value: Any, base_url: str) -> str | None:
+    text = _str(value)
+    return urljoin(base_url, text) if text and base_url else text
 
 
 def _terms(values: Iterable[Any]) -> list[str]:

@@ -75,7 +75,13 @@ class FeedSource:
                 not_modified=True,
             )
         try:
-            parsed = parse_feed(response.content, _parser_headers(response))
+            parsed = parse_feed(
+                response.content,
+                response.headers.get("content-type"),
+                # The final URL (after redirects) without its query string, which may hold
+                # a credential: relative links in the feed are relative to it.
+                base_url=str(response.url.copy_with(query=None)),
+            )
         except FeedFormatError as exc:
             raise PayloadError(
                 f"source {config.name!r}: GET {response.url.host}{response.url.path} {exc}"
@@ -111,14 +117,6 @@ def _validators(
     if not (etag or last_modified):
         return {}
     return {url: Validator(etag=etag, last_modified=last_modified)}
-
-
-def _parser_headers(response: httpx.Response) -> dict[str, str]:
-    headers = {name.lower(): value for name, value in response.headers.items()}
-    # The base for relative links: the final URL (after redirects), without its query string,
-    # which may carry a credential.
-    headers.setdefault("content-location", str(response.url.copy_with(query=None)))
-    return headers
 
 
 def build_feed_source(config: FeedSourceConfig | Mapping[str, Any], **options: Any) -> FeedSource:
