@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
+from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig, FileChannelConfig
 from evaluators.config import Watch
 from evaluators.filters import CompiledFilter, FilterError, compile_filter
 from sources import SourceConfig
@@ -144,6 +144,22 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
                 )
     if problems:
         raise ConfigError("\n".join(problems))
+    return _anchor_paths(config, file.resolve().parent)
+
+
+def _anchor_paths(config: ChangewatchConfig, base: Path) -> ChangewatchConfig:
+    """Relative output paths mean relative to the watches file, not to wherever a process
+    (the CLI, the Dagster daemon, a test) happens to start."""
+
+    def anchored(path: str) -> str:
+        return str(base / path) if not Path(path).expanduser().is_absolute() else path
+
+    for channel in config.channels:
+        if isinstance(channel, FileChannelConfig):
+            channel.path = anchored(channel.path)
+    for digest in config.digests:
+        if digest.output_dir is not None:
+            digest.output_dir = anchored(digest.output_dir)
     return config
 
 

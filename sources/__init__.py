@@ -13,6 +13,7 @@ from pydantic import Field
 from sources.base import ColumnSpec, FetchResult, Source, SourceBase
 from sources.errors import FetchError, PayloadError, SourceError
 from sources.feed import FeedSource, FeedSourceConfig
+from sources.github import GitHubSource, GitHubSourceConfig
 from sources.rest import RestSource, RestSourceConfig
 
 __all__ = [
@@ -28,7 +29,9 @@ __all__ = [
 ]
 
 # Every connector's settings, told apart by `type`.
-SourceConfig = Annotated[RestSourceConfig | FeedSourceConfig, Field(discriminator="type")]
+SourceConfig = Annotated[
+    RestSourceConfig | GitHubSourceConfig | FeedSourceConfig, Field(discriminator="type")
+]
 
 
 def build_source(config: SourceConfig) -> Source:
@@ -37,4 +40,6 @@ def build_source(config: SourceConfig) -> Source:
         return RestSource(config)
     if isinstance(config, FeedSourceConfig):
         return FeedSource(config)
+    if isinstance(config, GitHubSourceConfig):
+        return GitHubSource(config)
     raise TypeError(f"no connector for source type {config.type!r}")

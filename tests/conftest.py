@@ -38,8 +38,16 @@ def demo_api() -> Iterator[DemoAPIServer]:
 
 
 @pytest.fixture
-def demo_env(demo_api: DemoAPIServer, monkeypatch: pytest.MonkeyPatch) -> DemoAPIServer:
-    """The demo API, with the bundled watches.yaml pointed at it."""
+def demo_env(
+    demo_api: DemoAPIServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> DemoAPIServer:
+    """The demo API, with a copy of the bundled watches.yaml pointed at it.
+
+    A copy, in the test's own folder: relative output paths in the file (notifications,
+    digests) resolve next to it, so tests never write into the repository.
+    """
+    config = tmp_path / "watches.yaml"
+    config.write_text((REPO / "watches.yaml").read_text())
     monkeypatch.setenv("CHANGEWATCH_DEMO_URL", demo_api.url)
-    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(REPO / "watches.yaml"))
+    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config))
     return demo_api

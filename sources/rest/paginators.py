@@ -60,6 +60,9 @@ class Paginator(Protocol):
     # Whether `next` looks at the decoded body and records; when not, the walk skips decoding
     # and normalization parses each page once, in bulk.
     reads_body: bool
+    # Whether a walk can go on past a 304 Not Modified (no body): the next page comes from
+    # the headers, or there is none. Only such walks send validators (conditional requests).
+    conditional: bool
 
     def first(self, url: str, params: dict[str, Any]) -> PageRequest:
         """The first page's request."""
@@ -76,6 +79,7 @@ class SinglePage:
     """No pagination: one request."""
 
     reads_body = True  # one page: checking its shape here costs nothing
+    conditional = True
 
     def first(self, url: str, params: dict[str, Any]) -> PageRequest:
         return PageRequest(url, params)
@@ -90,6 +94,7 @@ class PageNumber:
     """``page=start, start+1, ...`` until a short/empty page or the reported page count."""
 
     reads_body = True
+    conditional = False
 
     def __init__(self, config: PageNumberPagination) -> None:
         self.config = config
@@ -121,6 +126,7 @@ class Offset:
     """``offset=0, limit, 2*limit, ...`` until a short/empty page or the reported total."""
 
     reads_body = True
+    conditional = False
 
     def __init__(self, config: OffsetPagination) -> None:
         self.config = config
@@ -165,9 +171,13 @@ class _FollowUrls:
 
 
 class LinkHeader(_FollowUrls):
-    """Follow ``Link: <url>; rel="next"`` until there is none."""
+    """Follow ``Link: <url>; rel="next"`` until there is none.
+
+    Also on a 304 (which has no body): a server must repeat ``Link`` there, or the walk ends.
+    """
 
     reads_body = False
+    conditional = True
 
     def next(
         self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
@@ -184,6 +194,7 @@ class NextUrl(_FollowUrls):
     """Follow the URL at ``next_url_path`` in the body until it is missing or empty."""
 
     reads_body = True
+    conditional = False
 
     def __init__(self, config: NextUrlPagination) -> None:
         super().__init__()
@@ -204,6 +215,7 @@ class Cursor:
     """Send the body's next cursor back as a query parameter until it is missing or empty."""
 
     reads_body = True
+    conditional = False
 
     def __init__(self, config: CursorPagination) -> None:
         self.config = config

@@ -103,7 +103,19 @@ def test_bad_config_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GITHUB_TOKEN", "not-a-real-token")
+    # The secrets the example names (its header says which); only their names are in the file.
+    for name in ("GITHUB_TOKEN", "OPENAI_API_KEY", "SMTP_PASSWORD", "WEBHOOK_SECRET"):
+        monkeypatch.setenv(name, "not-a-real-secret")
     config = load_config(REPO / "examples" / "github.yaml")
-    assert [s.name for s in config.sources] == ["dagster_issues", "status_incidents"]
+    assert [s.name for s in config.sources] == [
+        "dagster_issues",
+        "status_incidents",
+        "duckdb_releases",
+    ]
     assert config.source("status_incidents").cron == "*/30 * * * *"
+    assert [w.name for w in config.watches] == ["regressions", "new_duckdb_release"]
+    assert [d.name for d in config.digests] == ["weekday_morning"]
+    # A secret left unset is named, with the key that needs it.
+    monkeypatch.delenv("WEBHOOK_SECRET")
+    with pytest.raises(ConfigError, match=r"secret_env: environment variable WEBHOOK_SECRET"):
+        load_config(REPO / "examples" / "github.yaml")

@@ -165,15 +165,13 @@ def test_documented_postgres_storage_records_runs_and_materializations(
         )
         assert sent.success
         assert instance.get_run_by_id(sent.run_id).tags["dagster/partition"] == day
-        assert instance.get_materialized_partitions(dg.AssetKey(f"digest_{digest.name}")) == {
-            day
-        }
+        assert instance.get_materialized_partitions(dg.AssetKey(f"digest_{digest.name}")) == {day}
 
     # What Dagster wrote is in the dedicated database: read it back with plain SQL.
     plain_url = dagster_db.replace("postgresql+psycopg2://", "postgresql://")
     with closing(psycopg2.connect(plain_url)) as con:
         with con.cursor() as cur:
-            cur.execute("SELECT run_id, status, pipeline_name FROM runs ORDER BY create_timestamp")
+            cur.execute("SELECT run_id, status, pipeline_name FROM runs ORDER BY id")
             assert cur.fetchall() == [
                 (result.run_id, "SUCCESS", "__ephemeral_asset_job__"),
                 (sent.run_id, "SUCCESS", "__ephemeral_asset_job__"),

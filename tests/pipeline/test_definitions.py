@@ -45,7 +45,6 @@ def defs() -> dg.Definitions:
     return build_definitions(load_config(WATCHES), environ={})
 
 
-SYNC_ASSETS = {"issues"}
 EVAL_ASSETS = {"eval_new_bugs", "eval_closed_issues", "eval_security_review"}
 GROUPS = {
     "issues": "sync",

@@ -12,6 +12,7 @@ from apiserver import ApiServer, Reply
 
 from sources.errors import FetchError
 from sources.http import HttpClient, HttpPolicy, retry_after_seconds
+from sources.ratelimit import RateLimits
 
 SECRET = "s3cr3t-value-123"
 
@@ -22,9 +23,19 @@ def api():
         yield server
 
 
+NOW = 1_700_000_000.0
+
+
 def make_client(delays: list[float], **policy: float) -> HttpClient:
-    """A client whose sleeps are recorded in ``delays`` instead of waited."""
-    return HttpClient(policy=HttpPolicy(**policy), sleep=delays.append, rng=random.Random(7))
+    """A client whose sleeps are recorded in ``delays`` instead of waited, on a stopped clock
+    and with its own rate-limit registry."""
+    return HttpClient(
+        policy=HttpPolicy(**policy),
+        sleep=delays.append,
+        now=lambda: NOW,
+        rng=random.Random(7),
+        limits=RateLimits(),
+    )
 
 
 def free_port() -> int:
@@ -91,7 +102,7 @@ def test_retry_after_http_date_is_honoured(api):
         Reply.json([]),
     )
     delays: list[float] = []
-    client = HttpClient(sleep=delays.append, now=lambda: now)
+    client = HttpClient(sleep=delays.append, now=lambda: now, limits=RateLimits())
     with client:
         client.get(api.url("/slow"))
     assert delays == [12.0]
@@ -100,7 +111,7 @@ def test_retry_after_http_date_is_honoured(api):
 def test_retry_after_above_the_cap_is_deferred_without_sleeping(api):
     api.queue("/limited", Reply.json({}, status=429, Retry_After="3600"))
     delays: list[float] = []
-    with make_client(delays, max_retry_after=120.0) as client:
+    with make_client(delays, max_wait=120.0) as client:
         with pytest.raises(FetchError, match="deferred") as info:
             client.get(api.url("/limited"), params={"api_key": SECRET})
         assert client.requests == 1

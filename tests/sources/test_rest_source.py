@@ -10,6 +10,7 @@ import pytest
 from apiserver import ApiServer, Received, Reply
 from pydantic import ValidationError
 
+from sources.base import Validator
 from sources.errors import FetchError, PayloadError, SourceError
 from sources.http import HttpClient, HttpPolicy
 from sources.rest import RestSource, RestSourceConfig, build_rest_source
@@ -346,3 +347,71 @@ def test_config_defaults_and_url():
 def test_config_rejects(settings, problem):
     with pytest.raises(ValidationError, match=problem):
         RestSourceConfig.model_validate({**BASE, **settings})
+
+
+# --- conditional requests ---------------------------------------------------------------------
+
+
+def _etagged(pages: dict[str, list[dict[str, Any]]], link: bool = True):
+    """A Link-header listing with an ETag per page and 304 on a matching If-None-Match."""
+
+    def handler(request: Received) -> Reply:
+        page = request.query.get("page", "1")
+        etag = f'"{page}-{len(pages[page])}"'
+        headers = {"ETag": etag}
+        if link and str(int(page) + 1) in pages:
+            headers["Link"] = f'</items?page={int(page) + 1}>; rel="next"'
+        if request.headers.get("if-none-match") == etag:
+            return Reply(304, b"", headers)
+        return Reply.json(pages[page], **headers)
+
+    return handler
+
+
+def test_snapshot_all_304_is_not_modified(api, monkeypatch):
+    monkeypatch.setenv("ACME_TOKEN", SECRET)
+    api.route("/items", _etagged({"1": items(2), "2": items(1)}))
+    auth = {"type": "query", "name": "key", "value_env": "ACME_TOKEN"}
+    source = make_source(api, paginator={"type": "link_header"}, auth=auth)
+    first = source.fetch(cursor=None)
+    assert first.complete is True and len(first.validators) == 2
+    assert all(SECRET not in key and "key=" not in key for key in first.validators)
+    again = source.fetch(cursor=None, validators=first.validators)
+    assert again.not_modified is True and again.complete is False
+    assert again.documents == [] and again.pages == 2
+    assert [r.headers.get("if-none-match") for r in api.received[2:]] == ['"1-2"', '"2-1"']
+
+
+def test_snapshot_partly_304_fetches_the_304_pages_again(api):
+    pages = {"1": items(2), "2": items(1)}
+    api.route("/items", _etagged(pages))
+    source = make_source(api, paginator={"type": "link_header"})
+    first = source.fetch(cursor=None)
+    pages["2"] = items(3)[1:]
+    again = source.fetch(cursor=None, validators=first.validators)
+    assert again.complete is True and again.not_modified is False
+    assert ids(again) == [0, 1, 1, 2]  # page 1 again (unconditionally), then page 2
+    assert again.pages == 2 and again.requests == 3
+    assert "if-none-match" not in api.received[-1].headers
+
+
+def test_incremental_first_page_304_is_done(api):
+    api.route("/items", _etagged({"1": items(2)}))
+    settings = {"sync": "incremental", "updated_at": "updated_at", "incremental": {}}
+    source = make_source(api, paginator={"type": "none"}, **settings)
+    first = source.fetch(cursor="2024-05-01T00:00:00Z")
+    [key] = first.validators
+    assert "since=2024-05-01T00%3A00%3A00Z" in key
+    again = source.fetch(cursor="2024-05-01T00:00:00Z", validators=first.validators)
+    assert again.not_modified is True and again.documents == [] and again.requests == 1
+    # Another cursor is another request: its validator does not apply.
+    other = source.fetch(cursor="2024-05-02T00:00:00Z", validators=first.validators)
+    assert other.not_modified is False and "if-none-match" not in api.received[-1].headers
+
+
+def test_body_paginators_send_no_validators(api):
+    api.route("/items", lambda request: Reply.json(items(1), ETag='"x"'))
+    source = make_source(api, paginator={"type": "page_number", "page_size": 10})
+    result = source.fetch(cursor=None, validators={api.url("/items?page=1"): Validator('"x"')})
+    assert result.validators == {} and not result.not_modified
+    assert "if-none-match" not in api.received[0].headers

@@ -67,10 +67,15 @@ def check_consistent(url: str) -> dict[str, object]:
 def test_kill_between_fetch_and_commit(warehouse_url: str, tmp_path: Path) -> None:
     pages = math.ceil(ISSUES / PER_PAGE)
     with DemoAPIServer(DemoTracker(issues=ISSUES, seed=3)) as api:
+        # A copy of the bundled config: its relative output paths resolve in tmp_path.
+        config = tmp_path / "watches.yaml"
+        config.write_text((REPO / "watches.yaml").read_text())
         env = dict(
             os.environ,
             CHANGEWATCH_DEMO_URL=api.url,
-            CHANGEWATCH_CONFIG=str(REPO / "watches.yaml"),
+            CHANGEWATCH_CONFIG=str(config),
+            # Nothing listens there: the judged watch gives up at once and holds.
+            CHANGEWATCH_LLM_BASE_URL="http://127.0.0.1:9/v1",
             CHANGEWATCH_WAREHOUSE_URL=warehouse_url,
             DAGSTER_HOME=str(tmp_path),
         )

@@ -1,0 +1,8 @@
+"""GitHub connector: the issues and pull requests of one or more repositories."""
+
+from __future__ import annotations
+
+from sources.github.config import DEFAULT_COLUMNS, GitHubSourceConfig
+from sources.github.source import GitHubSource, build_github_source
+
+__all__ = ["DEFAULT_COLUMNS", "GitHubSource", "GitHubSourceConfig", "build_github_source"]

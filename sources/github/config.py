@@ -1,0 +1,95 @@
+"""Settings of a GitHub issues source: which repositories, and a token's env var name."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from sources.base import EnvVarName, SourceBase
+
+__all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
+
+# What a source that declares no `columns` stores (see sources/github/README.md); declaring
+# `columns` replaces the whole set. `repo` and `is_pull_request` are added by the connector.
+DEFAULT_COLUMNS: dict[str, Any] = {
+    "repo": "text",
+    "number": "bigint",
+    "id": "bigint",
+    "title": "text",
+    "body": "text",
+    "state": "text",
+    "state_reason": "text",
+    "is_pull_request": "boolean",
+    "author": {"type": "text", "path": "user.login"},
+    "assignees": {"type": "text[]", "path": "assignees[].login"},
+    "labels": {"type": "text[]", "path": "labels[].name"},
+    "milestone": {"type": "text", "path": "milestone.title"},
+    "comments": "integer",
+    "locked": "boolean",
+    "created_at": "timestamp",
+    "updated_at": "timestamp",
+    "closed_at": "timestamp",
+    "html_url": "text",
+}
+
+_REPO = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
+
+
+class GitHubSourceConfig(SourceBase):
+    """Issues (and pull requests) of one or more GitHub repositories.
+
+    Only ``name``, ``type``, ``table`` and ``repos`` are required. Defaults: primary key
+    ``[repo, number]``, ``sync: incremental`` on ``updated_at`` (GitHub's ``since``),
+    ``DEFAULT_COLUMNS``.
+    """
+
+    type: Literal["github"]
+    repos: list[str] = Field(min_length=1)
+    # The NAME of the environment variable holding a token; None: anonymous (60 requests/h).
+    token_env: EnvVarName | None = None
+    base_url: str = "https://api.github.com"
+    per_page: int = Field(default=100, ge=1, le=100)
+    include_pull_requests: bool = True
+    page_limit: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _github_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        data.setdefault("columns", dict(DEFAULT_COLUMNS))
+        data.setdefault("primary_key", ["repo", "number"])
+        data.setdefault("sync", "incremental")
+        columns = data["columns"]
+        if "updated_at" not in data and isinstance(columns, dict) and "updated_at" in columns:
+            data["updated_at"] = "updated_at"
+        return data
+
+    @field_validator("repos")
+    @classmethod
+    def _owner_slash_name(cls, value: list[str]) -> list[str]:
+        bad = [repo for repo in value if not isinstance(repo, str) or not _REPO.match(repo)]
+        if bad:
+            raise ValueError(f"repos must look like 'owner/name', got {bad}")
+        seen = {repo.lower() for repo in value}
+        if len(seen) != len(value):
+            raise ValueError("repos lists a repository twice")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"base_url must be an http(s) URL, got {value!r}")
+        if parts.query or parts.username or parts.password:
+            raise ValueError("base_url must hold no query string or credentials")
+        return value.rstrip("/")
+
+    def env_vars(self) -> list[str]:
+        """The token's environment variable name, when there is one."""
+        return [self.token_env] if self.token_env else []
