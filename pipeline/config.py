@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig, FileChannelConfig
@@ -169,6 +170,16 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
     channels = {c.name: c for c in config.channels}
     watches = {w.name for w in config.watches}
     problems: list[tuple[tuple, str]] = []
+    for i, source in enumerate(config.sources):
+        for key in ("cron", "reconcile"):
+            value = getattr(source, key)
+            if value is not None and not is_valid_cron_string(value):
+                problems.append((("sources", i, key), f"{value!r} is not a valid cron schedule"))
+    for i, digest in enumerate(config.digests):
+        if not is_valid_cron_string(digest.cron):
+            problems.append(
+                (("digests", i, "cron"), f"{digest.cron!r} is not a valid cron schedule")
+            )
     for i, watch in enumerate(config.watches):
         for j, name in enumerate(watch.sources):
             if name not in sources:
@@ -234,12 +245,26 @@ def _expand(value: Any, root: yaml.Node, file: Path, problems: list[str], loc: t
 def _describe(error: ValidationError, root: yaml.Node, file: Path) -> str:
     lines = []
     for item in error.errors():
-        loc = tuple(item["loc"])
+        loc = _without_union_tag(root, tuple(item["loc"]))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             message = f"unknown key {loc[-1]!r}"
         lines.append(f"{file}:{_line(root, loc)}: {_dotted(_data_loc(root, loc))}: {message}")
     return "\n".join(lines)
+
+
+def _without_union_tag(root: yaml.Node, loc: tuple) -> tuple:
+    """Drop the member tag pydantic puts in locations inside a discriminated union.
+
+    ``('sources', 1, 'feed', 'url')`` names the ``url`` of ``sources[1]``, whose type is feed.
+    """
+    for index in range(1, len(loc)):
+        node, path = _walk(root, loc[:index])
+        if path == loc[:index] and isinstance(node, yaml.MappingNode):
+            kind = next((v.value for k, v in node.value if k.value == "type"), None)
+            if kind == loc[index]:
+                return loc[:index] + loc[index + 1 :]
+    return loc
 
 
 def _walk(root: yaml.Node, loc: tuple) -> tuple[yaml.Node, tuple]:

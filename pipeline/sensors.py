@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 
 import dagster as dg
 
-from pipeline.assets import SOURCE_TAG
+from pipeline.assets import FULL_TAG, SOURCE_TAG
 from pipeline.timing import due_slot, jitter_offset
 from sources import SourceConfig
 
-__all__ = ["SYNC_SENSOR", "cron_schedule", "sync_job_name", "sync_sensor"]
+__all__ = ["SYNC_SENSOR", "cron_schedule", "sweep_schedule", "sync_job_name", "sync_sensor"]
 
 SYNC_SENSOR = "sync_due_sources"
 
@@ -70,4 +70,23 @@ def cron_schedule(
         tags={SOURCE_TAG: source.name},
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=f"Syncs {source.name} on cron '{source.cron}' ({source.timezone}).",
+    )
+
+
+def sweep_schedule(
+    source: SourceConfig, job: dg.UnresolvedAssetJobDefinition
+) -> dg.ScheduleDefinition:
+    """The reconciliation sweep of a source: its job, walking the complete listing."""
+    assert source.reconcile is not None
+    return dg.ScheduleDefinition(
+        name=f"sweep_{source.name}_schedule",
+        cron_schedule=source.reconcile,
+        execution_timezone=source.timezone,
+        job=job,
+        tags={SOURCE_TAG: source.name, FULL_TAG: "true"},
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=(
+            f"Full walk of {source.name} on cron '{source.reconcile}': objects that vanished "
+            "upstream become delete changes."
+        ),
     )

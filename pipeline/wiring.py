@@ -10,7 +10,7 @@ import dagster as dg
 from pipeline.assets import SOURCE_TAG, sync_asset
 from pipeline.config import ChangewatchConfig
 from pipeline.resources import JudgeResource, warehouse_resource
-from pipeline.sensors import cron_schedule, sync_job_name, sync_sensor
+from pipeline.sensors import cron_schedule, sweep_schedule, sync_job_name, sync_sensor
 from pipeline.watch_assets import (
     NOTIFICATIONS_ASSET,
     digest_asset,
@@ -71,6 +71,7 @@ def build_definitions(
         else []
     )
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
+    schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
     schedules += [
         _digest_schedule(digest, job)
         for digest, job in zip(config.digests, digest_jobs, strict=True)

@@ -126,6 +126,9 @@ class SourceBase(BaseModel):
     # sync until the config says what to do. Either way a drift event is recorded, and the
     # content hash (declared columns only) does not change.
     schema_mode: Literal["evolve", "discard", "freeze"] = Field(default="evolve", alias="schema")
+    # A cron for a reconciliation sweep: a full walk that turns vanished objects into deletes
+    # (for incremental sources, whose `since` walks cannot see deletions).
+    reconcile: str | None = None
 
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.
@@ -157,6 +160,11 @@ class SourceBase(BaseModel):
             raise ValueError(f"column names starting with '_' are reserved: {reserved}")
         if self.interval <= 0:
             raise ValueError("interval must be positive")
+        if self.reconcile is not None and not self.lists_everything:
+            raise ValueError(
+                "reconcile: this source cannot list everything, so a sweep could not tell a "
+                "vanished object from one outside its window"
+            )
         if self.jitter < 0 or self.jitter >= self.interval:
             raise ValueError("jitter must be at least 0 and less than interval")
         return self

@@ -116,3 +116,43 @@ watches:
     (watch,) = config.watches
     sql = config.filters(watch)["demo_issues"].to_sql("postgres")
     assert '"old_state"' in sql and "ANY" in sql
+
+
+def test_bad_cron_and_impossible_sweeps_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "watches.yaml"
+    feed = """\
+  - name: feed
+    type: feed
+    url: https://example.com/feed.xml
+    table: entries
+    reconcile: "0 3 * * *"
+channels:
+"""
+    path.write_text(
+        SOURCE.replace(
+            "    table: issues\n", "    table: issues\n    reconcile: every night\n"
+        ).replace("channels:\n", feed)
+    )
+    message = problem(path)
+    assert message.startswith(f"{path}:13: sources[1]: reconcile: this source cannot list"), message
+    path.write_text(
+        SOURCE.replace("    table: issues\n", "    table: issues\n    reconcile: every night\n")
+    )
+    assert problem(path) == (
+        f"{path}:7: sources[0].reconcile: 'every night' is not a valid cron schedule"
+    )
+
+
+def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
+    from pipeline.assets import FULL_TAG
+    from pipeline.wiring import build_definitions
+
+    path = tmp_path / "watches.yaml"
+    path.write_text(
+        SOURCE.replace("    table: issues\n", '    table: issues\n    reconcile: "0 3 * * *"\n')
+    )
+    defs = build_definitions(load_config(path))
+    (schedule,) = [s for s in defs.schedules if s.name == "sweep_demo_issues_schedule"]
+    assert schedule.cron_schedule == "0 3 * * *"
+    assert schedule.job_name == "sync_demo_issues"
+    assert schedule.tags[FULL_TAG] == "true"
