@@ -134,10 +134,10 @@ class TimedSource:
     def config(self) -> RestSourceConfig:
         return self.inner.config
 
-    def fetch(self, *, cursor: str | None) -> FetchResult:
+    def fetch(self, *, cursor: str | None, validators: Any = None) -> FetchResult:
         start = time.perf_counter()
         try:
-            return self.inner.fetch(cursor=cursor)
+            return self.inner.fetch(cursor=cursor, validators=validators)
         finally:
             self.timings.fetch += time.perf_counter() - start
 
@@ -145,7 +145,7 @@ class TimedSource:
 @contextmanager
 def timed_normalize(timings: Timings) -> Iterator[None]:
     """Time the ``normalize`` that ``run_sync`` calls (its module global), then restore it."""
-    original: Callable[..., Any] = sync_module.normalize
+    original: Callable[..., Any] = sync_module.normalize_with_fields
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -154,11 +154,11 @@ def timed_normalize(timings: Timings) -> Iterator[None]:
         finally:
             timings.normalize += time.perf_counter() - start
 
-    sync_module.normalize = wrapper
+    sync_module.normalize_with_fields = wrapper
     try:
         yield
     finally:
-        sync_module.normalize = original
+        sync_module.normalize_with_fields = original
 
 
 # -- phases ----------------------------------------------------------------------------------

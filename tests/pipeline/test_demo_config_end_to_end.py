@@ -1,0 +1,122 @@
+"""The bundled demo config, end to end through Dagster, on DuckDB and on Postgres, with its
+judge pointed at an OpenAI-compatible server on loopback (speaking the real wire format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from cw_testing import REPO
+from openai_server import FakeOpenAIServer, Reply, Request
+
+from pipeline.config import load_config
+from pipeline.resources import WAREHOUSE_URL_ENV
+from pipeline.runner import materialize, source_job_assets
+from sources.demo import DemoAPIServer
+from warehouse import connect
+
+
+def security_model(request: Request) -> Reply:
+    """Says yes exactly when the change carries the security label."""
+    notify = '"security"' in request.text
+    return Reply.verdict(
+        {
+            "reasoning": "Only the security label makes this security relevant.",
+            "should_notify": notify,
+            "urgency": "high" if notify else "low",
+            "summary": "Security issue." if notify else "Not security.",
+            "confidence": 0.95,
+        }
+    )
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(respond=security_model) as server:
+        yield server
+
+
+def labelled(api: DemoAPIServer, label: str, numbers: list[int] | None = None) -> set[int]:
+    issues = api.tracker.snapshot()
+    return {
+        i["number"]
+        for i in issues
+        if {"name": label} in i["labels"] and (numbers is None or i["number"] in numbers)
+    }
+
+
+def test_demo_config_first_second_and_changed_runs(
+    warehouse_url: str,
+    demo_env: DemoAPIServer,
+    llm: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm.base_url)
+    config = load_config()
+    assets = source_job_assets(config, ["demo_issues"])
+
+    def run() -> dict[str, dict]:
+        with dg.instance_for_test() as instance:
+            return materialize(config, assets, instance)
+
+    first = run()
+    bugs, security = labelled(demo_env, "bug"), labelled(demo_env, "security")
+    assert first["eval_new_bugs"]["notified"] == len(bugs)
+    assert first["eval_closed_issues"]["notified"] == 0  # nothing closed yet
+    assert first["eval_security_review"]["judged"] == 40 == len(llm.requests)
+    assert first["eval_security_review"]["notified"] == len(security)
+    assert first["notifications"]["sent"] == 2 * (len(bugs) + len(security))  # two channels
+
+    second = run()
+    for watch in ("new_bugs", "closed_issues", "security_review"):
+        assert second[f"eval_{watch}"]["changes_read"] == 0
+        assert second[f"eval_{watch}"]["notified"] == 0
+    assert second["eval_security_review"]["judged"] == 0 and len(llm.requests) == 40
+    assert second["notifications"]["sent"] == 0
+
+    mutation = demo_env.tracker.mutate(update=4, create=3, delete=1)
+    third = run()
+    k = len(mutation["updated"]) + len(mutation["created"]) + len(mutation["deleted"])
+    for watch in ("new_bugs", "closed_issues", "security_review"):
+        assert third[f"eval_{watch}"]["changes_read"] == k
+    with connect(warehouse_url) as wh:
+        passing = wh.fetch(
+            "SELECT count(*) FROM evaluations WHERE watch = 'security_review' "
+            "AND passed_filter AND change_id > 40"
+        )[0][0]
+    # Only the changes that passed the filter went to the model.
+    assert third["eval_security_review"]["judged"] == passing == len(llm.requests) - 40
+    new_bugs = labelled(demo_env, "bug", mutation["created"])
+    assert third["eval_new_bugs"]["notified"] == len(new_bugs)
+    lines = Path(os.environ["CHANGEWATCH_CONFIG"]).parent / ".changewatch" / "notifications.jsonl"
+    sent = [json.loads(line) for line in lines.read_text().splitlines()]
+    assert len(sent) == len({(n["notification_id"]) for n in sent})  # never twice
+
+
+def test_definitions_validate_on_the_example_config(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    env = dict(
+        os.environ,
+        DAGSTER_HOME=str(tmp_path),
+        CHANGEWATCH_CONFIG=str(REPO / "examples" / "github.yaml"),
+        GITHUB_TOKEN="unused",
+        OPENAI_API_KEY="unused",
+        SMTP_PASSWORD="unused",
+        WEBHOOK_SECRET="unused",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -1,0 +1,21 @@
+"""The benchmark still runs end to end (figures are its business, not this test's)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from cw_testing import REPO
+
+
+def test_bench_sync_runs_on_a_small_listing() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_sync.py", "--rows", "3000", "--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "ratio first sync (bulk load) / fetch-only" in done.stdout
+    assert "re-sync, 1k upd/100 del" in done.stdout
