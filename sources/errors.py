@@ -13,7 +13,12 @@ class SourceError(Exception):
 
 
 class FetchError(SourceError):
-    """A request failed after the HTTP policy's retries ran out."""
+    """A request failed after the HTTP policy's retries ran out (``status``: the last HTTP
+    status, when there was one)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PayloadError(SourceError):

@@ -192,9 +192,11 @@ class HttpClient:
                     log.warning("%s: %s, rate limited until %s", what, problem, _utc(until))
                     continue  # _wait_for_budget waits (or defers) before the retry
                 if not _retryable(status):
-                    raise FetchError(f"{what} gave {problem}{_hint(status)}")
+                    raise FetchError(f"{what} gave {problem}{_hint(status)}", status=status)
                 if attempt > policy.max_retries:
-                    raise FetchError(f"{what} failed after {attempt} attempts: last {problem}")
+                    raise FetchError(
+                        f"{what} failed after {attempt} attempts: last {problem}", status=status
+                    )
             wait = policy.backoff(attempt, self._rng)
             log.warning(
                 "%s: %s; retry %d of %d in %.1fs", what, problem, attempt, policy.max_retries, wait

@@ -1,13 +1,15 @@
-"""Settings of a generic REST/JSON source: endpoint, pagination, auth and incremental cursor."""
+"""Settings of a generic REST/JSON source: endpoint, pagination, auth, incremental cursor,
+parent listing and response actions."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from sources.base import EnvVarName, SourceBase
+from sources.base import Duration, EnvVarName, Identifier, SourceBase
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
@@ -47,13 +49,27 @@ class PageNumberPagination(_Model):
 
 
 class OffsetPagination(_Model):
-    """``?offset=0&limit=100``, ``?offset=100&limit=100``, ... until a short or empty page."""
+    """``?offset=0&limit=100``, ``?offset=100&limit=100``, ... until a short or empty page.
+
+    ``overlap: N`` makes each page start N rows before the previous one ended, and checks
+    that the new page holds one of those N rows (by primary key). A row deleted or moved off
+    the listing ahead of the walk shifts the rest up; without overlap the next page would skip
+    a row. When the check fails (the listing shifted by N or more) the walk steps back a page
+    until it finds them again. Rows read twice are deduplicated by normalization.
+    """
 
     type: Literal["offset"]
     offset_param: str = "offset"
     limit_param: str = "limit"
     limit: int = Field(default=100, gt=0)
     total_path: str | None = None
+    overlap: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _overlap_below_limit(self) -> OffsetPagination:
+        if self.overlap >= self.limit:
+            raise ValueError("offset pagination's overlap must be smaller than its limit")
+        return self
 
 
 class LinkHeaderPagination(_Model):
@@ -140,25 +156,80 @@ def auth_env_vars(auth: AuthConfig | None) -> list[str]:
 
 
 class Incremental(_Model):
-    """How an incremental sync sends the stored cursor: ``?since=<cursor>``."""
+    """How an incremental sync sends the stored cursor: ``?since=<cursor>``.
+
+    ``lag`` (a duration: ``"5m"``, ``300``) is subtracted from the cursor before it is sent,
+    so rows that show up late with an updated-at a little older than the newest one already
+    seen are still fetched. Rows fetched again unchanged are no change (same content hash).
+    """
 
     param: str = "since"
     format: Literal["iso", "unix"] = "iso"
+    lag: Duration = Field(default=0.0, ge=0)
+
+
+# `{parent.<field>}` in a child's path or params: a field (dotted path) of the parent record.
+PLACEHOLDER = re.compile(r"\{parent\.([A-Za-z0-9_$@\-]+(?:\.[A-Za-z0-9_$@\-]+)*)\}")
+Param = str | int | float | bool
+
+
+class ParentListing(_Model):
+    """The listing a child source walks once per record of.
+
+    The source's ``path`` (and string ``params``) hold ``{parent.<field>}`` placeholders,
+    resolved from each parent record (``/posts/{parent.id}/comments``). ``fields`` copies
+    parent fields (dotted paths) into every child record under the given names
+    (``{post_id: id}``), so the child table can key on ``(post_id, id)``. The parent listing
+    uses the source's ``base_url``, ``headers`` and ``auth``, and its own ``path``,
+    ``params``, ``records_path`` and ``paginator``; it is never filtered by the cursor.
+    """
+
+    path: str
+    params: dict[str, Param] = {}
+    records_path: str | None = None
+    paginator: PaginatorConfig = NoPagination()
+    fields: dict[Identifier, str] = {}
+
+
+class ResponseAction(_Model):
+    """What to do with a response of some status instead of failing: ``ignore`` it.
+
+    An ignored response adds no records and ends its listing; with a parent, that is the one
+    child walk (``{status: 404, action: ignore}``: the parent was deleted meanwhile).
+    """
+
+    status: int
+    action: Literal["ignore"]
+
+    @field_validator("status")
+    @classmethod
+    def _actionable(cls, value: int) -> int:
+        if value == 429 or not (201 <= value <= 299 or 400 <= value <= 499):
+            raise ValueError(
+                f"status {value} cannot take an action: use 201-299 or a 4xx other than 429 "
+                "(5xx and 429 are retried, 3xx redirects followed)"
+            )
+        return value
 
 
 class RestSourceConfig(SourceBase):
-    """A JSON API endpoint listed page by page."""
+    """A JSON API endpoint listed page by page (once per parent record, with ``parent``)."""
 
     type: Literal["rest"]
     base_url: str
     path: str = ""
-    params: dict[str, str | int | float | bool] = {}
+    params: dict[str, Param] = {}
     headers: dict[str, str] = {}
     records_path: str | None = None
     paginator: PaginatorConfig = NoPagination()
     incremental: Incremental | None = None
     auth: AuthConfig | None = None
+    # Most pages one listing may take (the parent's, and each child walk, count separately).
     page_limit: int | None = Field(default=None, gt=0)
+    parent: ParentListing | None = None
+    # Applies to the source's own requests (each child walk), never to the parent listing:
+    # an ignored parent listing would look like every child was deleted.
+    response_actions: list[ResponseAction] = []
 
     @field_validator("base_url")
     @classmethod
@@ -184,12 +255,32 @@ class RestSourceConfig(SourceBase):
             raise ValueError("an incremental REST source needs incremental: {param: ...}")
         return self
 
+    @model_validator(mode="after")
+    def _placeholders_need_parent(self) -> RestSourceConfig:
+        templates = [self.path, *(v for v in self.params.values() if isinstance(v, str))]
+        placed = any(PLACEHOLDER.search(t) for t in templates)
+        if placed and self.parent is None:
+            raise ValueError("{parent.<field>} placeholders need a parent: {path: ...} listing")
+        if self.parent is not None and not placed:
+            raise ValueError(
+                "a source with a parent needs {parent.<field>} in its path or params "
+                "(e.g. path: /posts/{parent.id}/comments)"
+            )
+        leftover = [t for t in templates if "{parent" in PLACEHOLDER.sub("", t)]
+        if leftover:
+            raise ValueError(f"malformed placeholder in {leftover[0]!r}: use {{parent.<field>}}")
+        return self
+
     @property
     def url(self) -> str:
+        """``base_url`` joined with ``path`` (placeholders still in)."""
+        return self.join(self.path)
+
+    def join(self, path: str) -> str:
         """``base_url`` joined with ``path``."""
-        if not self.path:
+        if not path:
             return self.base_url
-        return f"{self.base_url.rstrip('/')}/{self.path.lstrip('/')}"
+        return f"{self.base_url.rstrip('/')}/{path.lstrip('/')}"
 
     def env_vars(self) -> list[str]:
         """Names of the environment variables the auth reads."""

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urljoin, urlsplit
 
 import httpx
+import orjson
 
 from sources.errors import FetchError, PayloadError
 from sources.rest.config import (
@@ -44,6 +46,15 @@ def _count(body: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
         raise PayloadError(f"{path!r} should be a whole number, got {value!r}")
     return int(value)
+
+
+# What identifies a record across pages (for overlap checks): a primary key, or the record.
+RecordKey = Callable[[dict[str, Any]], Any]
+
+
+def whole_record(record: dict[str, Any]) -> bytes:
+    """A record's own identity when nothing better is known: its JSON, keys sorted."""
+    return orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -123,13 +134,23 @@ class PageNumber:
 
 
 class Offset:
-    """``offset=0, limit, 2*limit, ...`` until a short/empty page or the reported total."""
+    """``offset=0, limit, 2*limit, ...`` until a short/empty page or the reported total.
+
+    With ``overlap: N`` each page starts N rows early and must contain one of the previous
+    page's last N rows (compared by ``key``). If none is there, rows shifted past the walk
+    (deleted or moved ahead of it) and it steps back 1, 2, 4, ... strides until one shows up
+    again or it is back at offset 0; ``MAX_STEPS_BACK`` in a row fail the walk.
+    """
 
     reads_body = True
     conditional = False
+    MAX_STEPS_BACK = 20
 
-    def __init__(self, config: OffsetPagination) -> None:
+    def __init__(self, config: OffsetPagination, key: RecordKey = whole_record) -> None:
         self.config = config
+        self.key = key
+        self._tail: set[Any] = set()  # keys of the last accepted page's overlap rows
+        self._steps_back = 0
 
     def first(self, url: str, params: dict[str, Any]) -> PageRequest:
         c = self.config
@@ -139,12 +160,27 @@ class Offset:
         self, page: PageRequest, response: httpx.Response, body: Any, records: list[Any]
     ) -> PageRequest | None:
         c = self.config
+        offset = int(page.params[c.offset_param])
+        stride = c.limit - c.overlap
+        if self._tail and offset > 0 and self._tail.isdisjoint(map(self.key, records)):
+            # Rows shifted by `overlap` or more since the last page: what came between is
+            # unknown, so read back until the last page's tail shows up (or offset 0).
+            self._steps_back += 1
+            if self._steps_back > self.MAX_STEPS_BACK:
+                raise FetchError(
+                    f"the listing kept shifting while it was paged ({self.MAX_STEPS_BACK} "
+                    "steps back): raise the paginator's overlap, or sync when it is quieter"
+                )
+            back = stride * 2 ** (self._steps_back - 1)
+            return PageRequest(page.url, {**page.params, c.offset_param: max(0, offset - back)})
+        self._steps_back = 0
         if len(records) < c.limit:
             return None
-        offset = int(page.params[c.offset_param]) + len(records)
-        if c.total_path is not None and offset >= _count(body, c.total_path):
+        if c.overlap:
+            self._tail = {self.key(record) for record in records[-c.overlap :]}
+        if c.total_path is not None and offset + len(records) >= _count(body, c.total_path):
             return None
-        return PageRequest(page.url, {**page.params, c.offset_param: offset})
+        return PageRequest(page.url, {**page.params, c.offset_param: offset + stride})
 
 
 class _FollowUrls:
@@ -239,14 +275,17 @@ class Cursor:
         return PageRequest(page.url, {**page.params, c.cursor_param: str(cursor)})
 
 
-def make_paginator(config: PaginatorConfig) -> Paginator:
-    """A fresh paginator (one per walk) for a ``paginator:`` setting."""
+def make_paginator(config: PaginatorConfig, key: RecordKey = whole_record) -> Paginator:
+    """A fresh paginator (one per walk) for a ``paginator:`` setting.
+
+    ``key`` tells records apart for offset ``overlap`` checks (the primary key, usually).
+    """
     if isinstance(config, NoPagination):
         return SinglePage()
     if isinstance(config, PageNumberPagination):
         return PageNumber(config)
     if isinstance(config, OffsetPagination):
-        return Offset(config)
+        return Offset(config, key)
     if isinstance(config, LinkHeaderPagination):
         return LinkHeader()
     if isinstance(config, NextUrlPagination):

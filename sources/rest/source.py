@@ -1,30 +1,45 @@
-"""The generic REST source: walks every page of a JSON endpoint into one list of records."""
+"""The generic REST source: walks every page of a JSON endpoint (once per parent record, when
+it has a parent listing) into the documents one sync normalizes."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import orjson
 
 from sources.base import FetchResult, Validator
-from sources.errors import FetchError, PayloadError, SourceError
+from sources.errors import FetchError, PayloadError, RateLimited, SourceError
 from sources.http import HttpClient, HttpPolicy, validator_of
 from sources.ratelimit import credential_id
 from sources.rest.auth import credentials
-from sources.rest.config import Incremental, RestSourceConfig
-from sources.rest.paginators import MISSING, PageRequest, Paginator, lookup, make_paginator
+from sources.rest.config import PLACEHOLDER, Incremental, PaginatorConfig, RestSourceConfig
+from sources.rest.paginators import (
+    MISSING,
+    PageRequest,
+    Paginator,
+    RecordKey,
+    lookup,
+    make_paginator,
+)
 
 ClientFactory = Callable[..., HttpClient]
 
 
 def cursor_param(cursor: str, incremental: Incremental) -> str | int:
-    """The stored ISO-8601 ``cursor`` as the API wants it: unchanged, or unix seconds."""
-    if incremental.format == "iso":
+    """The stored ISO-8601 ``cursor``, minus the ``lag``, as the API wants it.
+
+    ISO without lag: sent as stored. ISO with lag: UTC with a ``Z``. Unix: whole seconds.
+    """
+    if incremental.format == "iso" and not incremental.lag:
         return cursor
     try:
         moment = datetime.fromisoformat(cursor)
@@ -32,7 +47,10 @@ def cursor_param(cursor: str, incremental: Incremental) -> str | int:
         raise SourceError(f"stored cursor {cursor!r} is not an ISO-8601 timestamp") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)  # cursors are stored in UTC
-    return int(moment.timestamp())
+    moment -= timedelta(seconds=incremental.lag)
+    if incremental.format == "unix":
+        return math.floor(moment.timestamp())
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def request_key(request: PageRequest, secret_params: Iterable[str] = ()) -> str:
@@ -45,20 +63,32 @@ def request_key(request: PageRequest, secret_params: Iterable[str] = ()) -> str:
     return str(url.copy_with(userinfo=b""))
 
 
+@dataclass(frozen=True)
+class _Listing:
+    """One endpoint walked page by page: the source's own, a child walk, or the parent."""
+
+    url: str
+    params: dict[str, Any]
+    paginator: PaginatorConfig
+    records_path: str | None
+    # Parent fields set on every record (child walks).
+    copied: dict[str, Any] = field(default_factory=dict)
+    # The parent listing: its records are returned, its pages not kept, never conditional.
+    parent: bool = False
+
+
 @dataclass
 class _Walk:
-    """What one fetch has gathered so far."""
+    """What one fetch has gathered so far, over all its listings."""
 
-    paginator: Paginator
     stored: Mapping[str, Validator]  # validators from the last sync, by request key
     documents: list[bytes] = field(default_factory=list)
     validators: dict[str, Validator] = field(default_factory=dict)
     pages: int = 0
-    record_count: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.paginator.reads_body:
-            self.record_count = 0
+    record_count: int = 0
+    counted: bool = True  # every kept page was decoded, so record_count is the total
+    unchanged: list[tuple[_Listing, Paginator, PageRequest]] = field(default_factory=list)
+    ignored: Counter[int] = field(default_factory=Counter)  # statuses a response action took
 
 
 class RestSource:
@@ -75,11 +105,17 @@ class RestSource:
         self.policy = policy or HttpPolicy()
         # Called as client_factory(policy=..., name=...); tests inject sleep/clock this way.
         self.client_factory = client_factory or HttpClient
+        self._ignore = {a.status for a in config.response_actions if a.action == "ignore"}
 
     def fetch(
         self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
     ) -> FetchResult:
         """Every page's JSON (since ``cursor`` when incremental); raises on any failure.
+
+        With a ``parent``, the parent listing is walked first, then the source's path once per
+        distinct parent record (in listing order, one at a time, through the same client),
+        each child record getting the parent's ``fields``. Responses matched by an ``ignore``
+        response action end their listing without records (counted in ``notes["ignored"]``).
 
         With a paginator that can walk past a 304 (``conditional``: link_header, none) each
         page is requested with its stored validator, and a 304 page yields no document. All
@@ -94,66 +130,164 @@ class RestSource:
         if config.sync == "incremental" and cursor and config.incremental is not None:
             with self._context():
                 params[config.incremental.param] = cursor_param(cursor, config.incremental)
-        paginator = make_paginator(config.paginator)
         snapshot = config.sync == "snapshot"
-        stored: Mapping[str, Validator] = (validators or {}) if paginator.conditional else {}
-        walk = _Walk(paginator, stored)
-        request: PageRequest | None = paginator.first(config.url, params)
-        unchanged: list[PageRequest] = []  # pages answered 304
+        own = _Listing(config.url, params, config.paginator, config.records_path)
+        conditional = make_paginator(config.paginator).conditional
+        walk = _Walk((validators or {}) if conditional else {})
         with self.client_factory(policy=self.policy, name=config.name) as client:
-            while request is not None:
-                if config.page_limit is not None and walk.pages >= config.page_limit:
-                    raise FetchError(
-                        f"source {config.name!r}: more than page_limit={config.page_limit} "
-                        "pages; raise the limit rather than sync a truncated listing"
-                    )
-                walk.pages += 1
-                # Once a snapshot page has changed, the rest are needed whole anyway.
-                conditional = not (snapshot and walk.documents)
-                response, body, records = self._page(client, walk, request, conditional)
-                if response.status_code == 304:
-                    unchanged.append(request)
-                with self._context(walk.pages):
-                    request = paginator.next(request, response, body, records)
-            if snapshot and unchanged and walk.documents:
+            for listing in self._listings(client, walk, own):
+                self._walk(client, walk, listing)
+            if snapshot and walk.unchanged and walk.documents:
                 changed, walk.documents = walk.documents, []
-                for page in unchanged:
-                    self._page(client, walk, page, conditional=False)
+                for listing, paginator, page in walk.unchanged:
+                    self._page(client, walk, listing, paginator, page, conditional=False)
                 walk.documents += changed
-                unchanged = []
+                walk.unchanged = []
             requests = client.requests
-        not_modified = bool(unchanged) and not walk.documents
+        not_modified = bool(walk.unchanged) and not walk.documents
         return FetchResult(
             documents=walk.documents,
             records_path=config.records_path,
-            record_count=0 if not_modified else walk.record_count,
+            record_count=0 if not_modified else walk.record_count if walk.counted else None,
             pages=walk.pages,
             requests=requests,
             complete=snapshot and not not_modified,
             validators=walk.validators,
             not_modified=not_modified,
+            notes={"ignored": dict(walk.ignored)} if walk.ignored else {},
         )
 
+    def _listings(self, client: HttpClient, walk: _Walk, own: _Listing) -> list[_Listing]:
+        """The listings to walk: the source's own, or one per distinct parent record."""
+        parent = self.config.parent
+        if parent is None:
+            return [own]
+        listing = _Listing(
+            self.config.join(parent.path),
+            dict(parent.params),
+            parent.paginator,
+            parent.records_path,
+            parent=True,
+        )
+
+        def key(record: dict[str, Any]) -> bytes:
+            # Parent records are told apart by the child walk they lead to.
+            return _identity(self._child(own, record))
+
+        children: dict[Any, _Listing] = {}
+        for record in self._walk(client, walk, listing, key):
+            with self._context():
+                child = self._child(own, record)
+            # A parent listed twice (it moved between pages) is walked once.
+            children.setdefault(_identity(child), child)
+        return list(children.values())
+
+    def _child(self, own: _Listing, record: dict[str, Any]) -> _Listing:
+        """The source's own listing for one parent ``record``: placeholders filled in."""
+        assert self.config.parent is not None
+
+        def value(path: str) -> Any:
+            found = lookup(record, path)
+            if found is MISSING or found is None:
+                raise PayloadError(
+                    f"a parent record has no {path!r} "
+                    f"(keys: {', '.join(sorted(map(str, record))[:10])})"
+                )
+            return found
+
+        def fill(template: str, escape: bool) -> str:
+            def one(match: re.Match[str]) -> str:
+                text = _text(value(match.group(1)))
+                return quote(text, safe="") if escape else text
+
+            return PLACEHOLDER.sub(one, template)
+
+        params = {
+            name: fill(v, escape=False) if isinstance(v, str) else v
+            for name, v in own.params.items()
+        }
+        copied = {name: value(path) for name, path in self.config.parent.fields.items()}
+        return replace(own, url=fill(own.url, escape=True), params=params, copied=copied)
+
+    def _primary_key(self, record: dict[str, Any]) -> bytes:
+        """A record's primary key (copied parent fields included), for offset overlap checks."""
+        paths = (self.config.columns[k].path or k for k in self.config.primary_key)
+        return orjson.dumps(
+            [None if v is MISSING else v for v in (lookup(record, p) for p in paths)]
+        )
+
+    def _walk(
+        self, client: HttpClient, walk: _Walk, listing: _Listing, key: RecordKey | None = None
+    ) -> list[dict[str, Any]]:
+        """Walk every page of ``listing`` into ``walk``; the parent listing's records.
+
+        ``key`` tells records apart for offset overlap checks (default: the primary key).
+        """
+        config = self.config
+        paginator = make_paginator(listing.paginator, key or self._primary_key)
+        request: PageRequest | None = paginator.first(listing.url, listing.params)
+        found: list[dict[str, Any]] = []
+        pages = 0
+        while request is not None:
+            if config.page_limit is not None and pages >= config.page_limit:
+                raise FetchError(
+                    f"source {config.name!r}: more than page_limit={config.page_limit} "
+                    "pages; raise the limit rather than sync a truncated listing"
+                )
+            pages += 1
+            walk.pages += 1
+            # Once a snapshot page has changed, the rest are needed whole anyway.
+            conditional = not (config.sync == "snapshot" and walk.documents)
+            answer = self._page(client, walk, listing, paginator, request, conditional)
+            if answer is None:
+                break  # a response action ignored it: the listing ends here
+            response, body, records = answer
+            if response.status_code == 304:
+                walk.unchanged.append((listing, paginator, request))
+            if listing.parent:
+                found += records
+            with self._context(walk.pages):
+                request = paginator.next(request, response, body, records)
+        return found
+
     def _page(
-        self, client: HttpClient, walk: _Walk, request: PageRequest, conditional: bool
-    ) -> tuple[httpx.Response, Any, list[dict[str, Any]]]:
+        self,
+        client: HttpClient,
+        walk: _Walk,
+        listing: _Listing,
+        paginator: Paginator,
+        request: PageRequest,
+        conditional: bool,
+    ) -> tuple[httpx.Response, Any, list[dict[str, Any]]] | None:
         """GET one page into ``walk``; its response, decoded body and records.
 
         Sends the page's stored validator when ``conditional``, and keeps the validator to
-        remember. A 304 adds no document and gives no body (None) and no records.
+        remember. A 304 adds no document and gives no body (None) and no records. None: a
+        response action ignored the response.
         """
         config = self.config
         with self._context():
             headers, auth_params = credentials(config.auth)
-        key = request_key(request, auth_params) if walk.paginator.conditional else None
+        remember = paginator.conditional and not listing.parent
+        key = request_key(request, auth_params) if remember else None
         validator = walk.stored.get(key) if key is not None and conditional else None
-        response = client.get(
-            request.url,
-            params={**request.params, **auth_params},
-            headers={**config.headers, **headers},
-            validator=validator,
-            credential=credential_id([*headers.values(), *auth_params.values()]),
-        )
+        try:
+            response = client.get(
+                request.url,
+                params={**request.params, **auth_params},
+                headers={**config.headers, **headers},
+                validator=validator,
+                credential=credential_id([*headers.values(), *auth_params.values()]),
+            )
+        except FetchError as error:
+            status = _status(error)
+            if listing.parent or status not in self._ignore:
+                raise
+            walk.ignored[status] += 1
+            return None
+        if not listing.parent and response.status_code in self._ignore:
+            walk.ignored[response.status_code] += 1
+            return None
         not_modified = response.status_code == 304
         if not_modified and validator is None:
             raise FetchError(
@@ -168,13 +302,21 @@ class RestSource:
             return response, None, []
         body: Any = None
         records: list[dict[str, Any]] = []
-        if walk.paginator.reads_body:
+        if paginator.reads_body or listing.parent or listing.copied:
             body = self._decode(response, walk.pages)
-            records = self._records(body, walk.pages)
-            walk.record_count = (walk.record_count or 0) + len(records)
-        # Keep the bytes, not decoded objects: normalization splits and types them in one
-        # columnar pass (and 100k live dicts would cost more in GC than parsing).
-        walk.documents.append(response.content)
+            records = self._records(body, walk.pages, listing.records_path)
+        if listing.parent:
+            return response, body, records
+        if listing.copied:
+            for record in records:
+                record.update(listing.copied)
+            walk.documents.append(orjson.dumps(body))
+        else:
+            # Keep the bytes, not decoded objects: normalization splits and types them in
+            # one columnar pass (and 100k live dicts would cost more in GC than parsing).
+            walk.documents.append(response.content)
+        walk.record_count += len(records)
+        walk.counted = walk.counted and body is not None
         return response, body, records
 
     @contextmanager
@@ -196,8 +338,7 @@ class RestSource:
                 f"did not return JSON ({kind})"
             ) from None
 
-    def _records(self, body: Any, page: int) -> list[dict[str, Any]]:
-        path = self.config.records_path
+    def _records(self, body: Any, page: int, path: str | None) -> list[dict[str, Any]]:
         found = body if path is None else lookup(body, path)
         where = "the body" if path is None else f"records_path {path!r}"
         problem = None
@@ -213,6 +354,21 @@ class RestSource:
             # Top-level keys (never values) help pick the right records_path.
             problem += f" (top-level keys: {', '.join(sorted(map(str, body))[:10])})"
         raise PayloadError(f"source {self.config.name!r}, page {page}: {problem}")
+
+
+def _identity(listing: _Listing) -> bytes:
+    """What makes two child walks the same walk: URL, params and copied fields."""
+    return orjson.dumps([listing.url, listing.params, listing.copied], option=orjson.OPT_SORT_KEYS)
+
+
+def _text(value: Any) -> str:
+    """A JSON value as it goes into a URL: strings as they are, the rest as JSON."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _status(error: FetchError) -> int | None:
+    """The HTTP status a ``FetchError`` reports, if any (never a rate limit's)."""
+    return None if isinstance(error, RateLimited) else error.status
 
 
 def _kind(value: Any) -> str:
