@@ -89,22 +89,27 @@ def deliver_due(
         ensure_delivery_tables(wh)
         parked = wh.fetch(render("update_deliveries_stale", wh.dialect), (started - policy.lease,))
         stats.interrupted = len(parked)
-    with wh.transaction():
-        claimed = wh.fetch(render("claim_deliveries", wh.dialect), (started,))
-    if not claimed:
+    due = wh.fetch(render("select_deliveries_due", wh.dialect), (started,))
+    if not due:
         return stats
     keys = pl.DataFrame(
-        {"notification_id": sorted({row[0] for row in claimed})},
-        schema={"notification_id": pl.String},
+        {"notification_id": sorted({row[0] for row in due})}, schema={"notification_id": pl.String}
     )
-    with wh.staged("cw_claimed", keys) as stage:
+    with wh.staged("cw_due", keys) as stage:
         rows = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
     notifications = {
         row["notification_id"]: _notification(row) for row in rows.iter_rows(named=True)
     }
     configured = {c.name: c for c in channels}
     built: dict[str, Channel] = {}
-    for notification_id, channel_name, attempts in claimed:
+    for notification_id, channel_name in due:
+        with wh.transaction():
+            claimed = wh.fetch(
+                render("claim_deliveries", wh.dialect), (now(), notification_id, channel_name)
+            )
+        if not claimed:
+            continue  # another deliverer took it
+        attempts = claimed[0][0]
         notification = notifications[notification_id]
         status, error, retry_after = "sent", None, None
         try:
@@ -116,6 +121,10 @@ def deliver_due(
         except DeliveryError as failure:
             error, retry_after = str(failure)[:1000], failure.retry_after
             status = "pending" if failure.retryable and attempts < policy.max_attempts else "dead"
+        except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+            # The send raised before completing; treat it as a failed, retryable attempt.
+            error = f"{type(failure).__name__}: {failure}"[:1000]
+            status = "pending" if attempts < policy.max_attempts else "dead"
         finished = now()
         next_attempt = (
             policy.next_attempt(attempts, finished, retry_after)

@@ -78,11 +78,10 @@ def dedupe_key(
 ) -> str:
     """The data-derived key a notification is unique by, per the watch's dedupe policy.
 
-        >>> from channels.base import notification_id_for
-    from evaluators.config import Watch
-        >>> w = Watch(name="w", sources=["s"], dedupe="per_object")
-        >>> dedupe_key(w, "s", "7", "a", "b", "v1")
-        'w|s|7|v1'
+    >>> from evaluators.config import Watch
+    >>> w = Watch(name="w", sources=["s"], dedupe="per_object")
+    >>> dedupe_key(w, "s", "7", "a", "b", "v1")
+    'w|s|7|v1'
     """
     if watch.dedupe == "per_object":
         part = ""

@@ -6,7 +6,7 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -25,6 +25,8 @@ __all__ = [
 
 DEFAULT_URL = "duckdb:///.changewatch/warehouse.duckdb"
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# libpq parameters that carry secrets; never shown.
+_SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
 
 
 class WarehouseError(Exception):
@@ -62,8 +64,13 @@ class Warehouse(ABC):
         self.stage(name, frame)
         try:
             yield '"' + name.replace('"', '""') + '"'
-        finally:
-            self.unstage(name)
+        except BaseException:
+            # Inside a failed transaction the drop fails too; the first error is the one
+            # worth reporting, and the rollback takes the temporary table with it.
+            with suppress(Exception):
+                self.unstage(name)
+            raise
+        self.unstage(name)
 
     @abstractmethod
     def lock(self, key: str) -> None:
@@ -230,10 +237,15 @@ def describe_url(url: str) -> str:
     'postgresql://app@db:5432/prod?schema=cw'
     >>> describe_url("postgresql://app:s3cret@[::1]:5432/prod")
     'postgresql://app@[::1]:5432/prod'
+    >>> describe_url("postgresql://app@db/prod?password=s3cret&sslmode=require")
+    'postgresql://app@db/prod?sslmode=require'
     """
     parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() not in _SECRET_PARAMS]
+    if len(query) != len(parse_qsl(parts.query)):
+        parts = parts._replace(query=urlencode(query))
     if parts.password is None:
-        return url
+        return urlunsplit(parts)
     netloc = parts.hostname or ""
     if ":" in netloc:
         netloc = f"[{netloc}]"  # an IPv6 address keeps its brackets

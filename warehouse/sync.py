@@ -23,6 +23,7 @@ from warehouse.schema import SQL_TYPES, changes_table, ensure_bookkeeping, ensur
 from warehouse.statements import quote, render
 
 __all__ = [
+    "SyncConflict",
     "SyncStats",
     "apply_sync",
     "diff",
@@ -34,6 +35,14 @@ __all__ = [
 
 _OLD_HASH = "old_hash"
 _NEW_HASH = "new_hash"
+
+
+class SyncConflict(Exception):
+    """Another sync of the same source committed while this one was fetching.
+
+    Applying this one's older view would move rows and cursor backwards, so it is dropped;
+    the next sync starts from the newer state.
+    """
 
 
 @dataclass
@@ -150,7 +159,15 @@ def run_sync(
             )
         evolved = {f: t for f, (t, action) in known.items() if action == "evolved"}
         apply_sync(
-            wh, config, frame, fetched, stats, started=started, fields=fields, evolved=evolved
+            wh,
+            config,
+            frame,
+            fetched,
+            stats,
+            started=started,
+            fields=fields,
+            evolved=evolved,
+            expected_last_sync=state[0][2] if state else None,
         )
     except BaseException as error:
         _record_failure(wh, stats, error)
@@ -168,13 +185,16 @@ def apply_sync(
     started: float | None = None,
     fields: dict[str, str | None] | None = None,
     evolved: dict[str, str] | None = None,
+    expected_last_sync: str | None = None,
 ) -> SyncStats:
     """Diff ``frame`` against the stored table and commit rows, changes and cursor at once.
 
     ``frame`` is the output of ``sources.normalize.normalize``. Deletes are inferred only when
     ``fetched.complete`` (the fetch listed everything). ``fields`` are the payload fields the
     fetch saw (recorded for schema drift), ``evolved`` the drifted fields that are already
-    columns. Updates ``stats`` in place.
+    columns. ``expected_last_sync`` is the source's last sync when this one started: if
+    another sync committed since, this one raises ``SyncConflict`` and writes nothing.
+    Updates ``stats`` in place.
     """
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
@@ -185,6 +205,12 @@ def apply_sync(
         # Two syncs of one source must not interleave their read-diff-write; Dagster's tag
         # limit keeps them apart, and this lock holds even for runs started outside Dagster.
         wh.lock(f"changewatch:sync:{config.name}")
+        previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
+        if (previous[0][2] if previous else None) != expected_last_sync:
+            raise SyncConflict(
+                f"source {config.name!r}: another sync committed while this one was fetching; "
+                "this one is dropped (the next sync starts from the newer state)"
+            )
         stored = _stored_hashes(wh, config, frame, complete=fetched.complete)
         changes = diff(frame.select(*keys, HASH_COLUMN), stored, keys, complete=fetched.complete)
         counts = changes.get_column("kind").value_counts()
@@ -193,7 +219,6 @@ def apply_sync(
         stats.updated = by_kind.get("update", 0)
         stats.deleted = by_kind.get("delete", 0)
         stats.unchanged = frame.height - stats.inserted - stats.updated
-        previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
         stats.not_modified = fetched.not_modified
         stats.storm_held = not stats.silent and _is_storm(
             config, stats, previous[0][1] if previous else None
@@ -282,8 +307,8 @@ def _stored_hashes(
 def _from_raw(field: str, field_type: str, raw: str = "_raw") -> str:
     """SQL (Postgres syntax, transpiled per backend) reading a drifted field from the raw JSON.
 
-    >>> _from_raw("score", "double")
-    'CAST(CAST(_raw AS JSON) ->> \'score\' AS DOUBLE PRECISION)'
+    >>> print(_from_raw("score", "double"))
+    CAST(CAST(_raw AS JSON) ->> 'score' AS DOUBLE PRECISION)
     """
     key = "'" + field.replace("'", "''") + "'"
     if field_type == "json":

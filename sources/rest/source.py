@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import orjson
@@ -266,6 +266,13 @@ class RestSource:
         response action ignored the response.
         """
         config = self.config
+        if not _same_origin(request.url, config.base_url):
+            # A pagination link (Link header, next URL in a body) names another host: the
+            # source's credentials go only where its base_url points.
+            raise FetchError(
+                f"source {config.name!r}: the next page is on another host "
+                f"({urlsplit(request.url).netloc}); refusing to send credentials there"
+            )
         with self._context():
             headers, auth_params = credentials(config.auth)
         remember = paginator.conditional and not listing.parent
@@ -364,6 +371,18 @@ def _identity(listing: _Listing) -> bytes:
 def _text(value: Any) -> str:
     """A JSON value as it goes into a URL: strings as they are, the rest as JSON."""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _same_origin(url: str, base_url: str) -> bool:
+    """Whether ``url`` has the scheme, host and port of ``base_url``.
+
+    >>> _same_origin("https://api.github.com/x?page=2", "https://api.github.com")
+    True
+    >>> _same_origin("https://evil.example/x", "https://api.github.com")
+    False
+    """
+    a, b = urlsplit(url), urlsplit(base_url)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
 
 
 def _status(error: FetchError) -> int | None:
