@@ -155,6 +155,13 @@ class SourceBase(BaseModel):
                 raise ValueError(f"updated_at column {self.updated_at!r} must have type timestamp")
         if self.sync == "incremental" and self.updated_at is None:
             raise ValueError("an incremental source needs updated_at (the cursor column)")
+        # Postgres cuts identifiers at 63 bytes: old_/new_ prefixes and the _changes_seq
+        # suffix must still fit.
+        long_columns = [c for c in self.columns if len(c) > 59]
+        if long_columns:
+            raise ValueError(f"column names longer than 59 characters: {long_columns}")
+        if len(self.table) > 51:
+            raise ValueError(f"table name {self.table!r} is longer than 51 characters")
         reserved = [c for c in self.columns if c.startswith("_")]
         if reserved:
             raise ValueError(f"column names starting with '_' are reserved: {reserved}")

@@ -157,7 +157,12 @@ def run_sync(
                 "source's schema is frozen: declare them as columns, or set schema: evolve or "
                 "schema: discard"
             )
-        evolved = {f: t for f, (t, action) in known.items() if action == "evolved"}
+        # A drifted field the config has since declared is a column like any other.
+        evolved = {
+            f: t
+            for f, (t, action) in known.items()
+            if action == "evolved" and f not in config.columns
+        }
         apply_sync(
             wh,
             config,
@@ -336,10 +341,13 @@ def _record_fields(
         return {}
     become_columns = {}
     if not baseline and config.schema_mode == "evolve":
+        # Text (or JSON for objects and lists), whatever the first values looked like:
+        # upstream may send 7 today and "n/a" tomorrow, and a typed column would then fail
+        # every sync. Declaring the field as a column gives it a type.
         become_columns = {
-            f: t or "text"
+            f: "json" if t == "json" else "text"
             for f, t in new.items()
-            if IDENTIFIER.match(f) and f not in config.columns and f not in evolved
+            if IDENTIFIER.match(f) and len(f) <= 59 and f not in config.columns and f not in evolved
         }
     action = {f: "baseline" if baseline else "discarded" for f in new} | {
         f: "evolved" for f in become_columns
@@ -348,7 +356,8 @@ def _record_fields(
         {
             "source": [config.name] * len(new),
             "field": list(new),
-            "field_type": [new[f] for f in new],
+            # For an evolved field, the type of its column; otherwise the values' type.
+            "field_type": [become_columns.get(f, new[f]) for f in new],
             "action": [action[f] for f in new],
             "first_seen_at": [seen_at] * len(new),
             "sync_id": [stats.sync_id] * len(new),
