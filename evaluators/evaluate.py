@@ -147,7 +147,19 @@ def _candidates(
     wh: Warehouse, watch: Watch, source: SourceBase, compiled: CompiledFilter
 ) -> pl.DataFrame:
     rows = wh.fetch(render("select_watch_state", wh.dialect), (watch.name, source.name))
-    watermark = rows[0][0] if rows else 0
+    if rows:
+        watermark = rows[0][0]
+    else:
+        changes = quote(changes_table(source.table))
+        watermark = wh.fetch(
+            render("select_watch_start", wh.dialect, changes=changes), (source.name,)
+        )[0][0]
+        # Recorded at once: if this first evaluation fails, the next one starts here too.
+        with wh.transaction():
+            wh.execute(
+                render("upsert_watch_state", wh.dialect),
+                (watch.name, source.name, watermark, None, datetime.now(UTC)),
+            )
     statement = render(
         "select_candidate_changes",
         wh.dialect,

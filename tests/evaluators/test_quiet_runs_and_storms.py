@@ -123,3 +123,18 @@ def test_sweep_turns_vanished_objects_into_deletes(
         deletes = wh.fetch_frame("SELECT object_key FROM issues_changes WHERE kind = 'delete'")
     assert sorted(deletes["object_key"].cast(int)) == sorted(gone)
     assert deletes.filter(pl.col("object_key").is_duplicated()).height == 0
+
+
+def test_a_watch_added_later_starts_at_the_latest_sync(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    config = source(demo_api)  # baseline: evaluate
+    sync(warehouse_url, config)
+    demo_api.tracker.mutate(update=5)
+    sync(warehouse_url, config)
+    demo_api.tracker.mutate(update=2)
+    sync(warehouse_url, config)
+    # The watch first runs now: the 40 inserts and 5 updates of earlier syncs are history.
+    first = evaluate(warehouse_url, config)
+    assert (first.changes_read, first.notified) == (2, 2)
+    assert evaluate(warehouse_url, config).changes_read == 0
