@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
-from sources.base import EnvVarName, SourceBase
+from sources.base import Duration, EnvVarName, SourceBase
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
 
@@ -54,6 +54,11 @@ class GitHubSourceConfig(SourceBase):
     per_page: int = Field(default=100, ge=1, le=100)
     include_pull_requests: bool = True
     page_limit: int | None = Field(default=None, gt=0)
+    # Sent `since` is the cursor minus this. Repositories are walked one after another under
+    # one cursor (the newest change seen in any of them), so an update made in a repository
+    # already walked, older than another's newest, would fall behind the cursor; the lag,
+    # with dedupe by primary key and content hash, picks such late rows up.
+    lag: Duration = Field(default=600.0, ge=0)
 
     @model_validator(mode="before")
     @classmethod

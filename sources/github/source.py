@@ -44,7 +44,7 @@ def _rest_config(config: GitHubSourceConfig, repo: str) -> RestSourceConfig:
             },
             "headers": HEADERS,
             "paginator": {"type": "link_header"},
-            "incremental": {"param": "since", "format": "iso"},
+            "incremental": {"param": "since", "format": "iso", "lag": config.lag},
             "auth": {"type": "bearer", "token_env": config.token_env} if config.token_env else None,
             "page_limit": config.page_limit,
         }

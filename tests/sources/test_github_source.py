@@ -107,8 +107,15 @@ def test_walks_every_page_of_every_repo(api):
 
 def test_since_cursor_is_sent_in_github_form(api):
     fill(api, "acme/widgets", 6)
-    result = make_source(api).fetch(cursor="2024-05-04T02:00:00.250+02:00")
+    result = make_source(api, lag=0).fetch(cursor="2024-05-04T02:00:00.250+02:00")
     assert {r.query["since"] for r in api.received} == {"2024-05-04T00:00:00Z"}
+    assert [r["number"] for r in result.records()] == [6, 5, 4]
+
+
+def test_since_looks_back_by_the_lag(api):
+    fill(api, "acme/widgets", 6)
+    result = make_source(api).fetch(cursor="2024-05-04T00:00:00Z")  # default lag: 10 min
+    assert {r.query["since"] for r in api.received} == {"2024-05-03T23:50:00Z"}
     assert [r["number"] for r in result.records()] == [6, 5, 4]
 
 
