@@ -60,6 +60,21 @@ class Watch(_Model):
     body: str = "{{ summary }}"
     url: str = "{{ current.html_url or current.url or '' }}"
 
+    @model_validator(mode="after")
+    def _templates_parse(self) -> Watch:
+        from jinja2 import TemplateSyntaxError
+        from jinja2.sandbox import SandboxedEnvironment
+
+        environment = SandboxedEnvironment()
+        for name in ("title", "body", "url"):
+            try:
+                environment.parse(getattr(self, name))
+            except TemplateSyntaxError as error:
+                raise ValueError(
+                    f"{name} template: {error.message} (line {error.lineno})"
+                ) from None
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _one_source(cls, data: object) -> object:

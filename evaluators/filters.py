@@ -456,3 +456,38 @@ def _contains(array: exp.Expression, value: exp.Expression, dialect: str) -> exp
     if dialect == "duckdb":
         return exp.Anonymous(this="LIST_CONTAINS", expressions=[array, value])
     return exp.paren(exp.EQ(this=value, expression=exp.Any(this=exp.paren(array))))
+
+
+def check_filter_runs(compiled: CompiledFilter, columns: Mapping[str, str]) -> None:
+    """Bind the filter against an empty change log in an in-memory DuckDB; raise FilterError.
+
+    ``compile_filter`` admits only safe shapes, but a safe shape can still be ill-typed
+    (``kind = 1``, ``lower(number)``): this catches that at config load, where the error names
+    the watch, instead of on every evaluation run.
+
+    >>> f = compile_filter("lower(number) = 'x'", watch="w", columns={"number": "bigint"})
+    >>> check_filter_runs(f, {"number": "bigint"})
+    Traceback (most recent call last):
+    ...
+    evaluators.filters.FilterError: watch 'w': where: does not run: ...
+    """
+    import duckdb
+
+    from warehouse.schema import SQL_TYPES
+
+    values = ", ".join(
+        f'"{prefix}{name}" {SQL_TYPES[kind]}'
+        for name, kind in columns.items()
+        for prefix in ("old_", "new_")
+    )
+    table = (
+        "CREATE TABLE changes (change_id BIGINT, kind TEXT, object_key TEXT, "
+        "changed_columns TEXT[], detected_at TIMESTAMPTZ" + (f", {values}" if values else "") + ")"
+    )
+    with duckdb.connect() as con:
+        con.execute(table.replace("DOUBLE PRECISION", "DOUBLE"))
+        try:
+            con.execute(f"SELECT count(*) FROM changes AS c WHERE {compiled.to_sql('duckdb')}")
+        except duckdb.Error as error:
+            reason = str(error).splitlines()[0]
+            raise FilterError(f"watch {compiled.watch!r}: where: does not run: {reason}") from None

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig, FileChannelConfig
 from evaluators.config import Watch
-from evaluators.filters import CompiledFilter, FilterError, compile_filter
+from evaluators.filters import CompiledFilter, FilterError, check_filter_runs, compile_filter
 from sources import SourceConfig
 
 __all__ = [
@@ -189,7 +189,9 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
                 problems.append((("watches", i, "channels", j), f"unknown channel {name!r}"))
         if all(name in sources for name in watch.sources):
             try:
-                config.filters(watch)
+                for name, compiled in config.filters(watch).items():
+                    columns = {c: spec.type for c, spec in config.source(name).columns.items()}
+                    check_filter_runs(compiled, columns)
             except FilterError as error:
                 problems.append((("watches", i, "where"), str(error)))
     for i, digest in enumerate(config.digests):

@@ -43,6 +43,14 @@ def queue_notifications(url: str, api: DemoAPIServer, channels: list[str], count
         evaluate_watch(wh, watch, {"demo_issues": source}, {"demo_issues": compiled})
 
 
+def queued_day(url: str) -> datetime:
+    """Midnight (UTC) of the day the notifications were queued: not of "now", which a run
+    crossing midnight would have moved on."""
+    with connect(url) as wh:
+        (queued,) = wh.fetch("SELECT min(created_at) FROM outbox")[0]
+    return queued.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
 def webhook(receiver: Any) -> WebhookChannelConfig:
     return WebhookChannelConfig(
         name="hook",
@@ -182,7 +190,7 @@ def test_digest_window_is_sent_once(
         to=["boss@example.com"],
         output_dir=str(tmp_path / "digests"),
     )
-    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = queued_day(warehouse_url)
     window = {"window_start": day, "window_end": day + timedelta(days=1)}
     with connect(warehouse_url) as wh:
         first = send_digest_window(wh, digest, mailer(smtp), **window)
@@ -225,7 +233,7 @@ def test_failed_digest_can_be_sent_later(
 ) -> None:
     queue_notifications(warehouse_url, demo_api, [], count=1)
     digest = DigestConfig(name="daily", channel="mail", watches=["first_issues"])
-    day = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = queued_day(warehouse_url)
     window = {"window_start": day, "window_end": day + timedelta(days=1)}
     down = mailer(smtp_server()).model_copy(update={"port": closed_port})
     with connect(warehouse_url) as wh:

@@ -156,3 +156,24 @@ def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
     assert schedule.cron_schedule == "0 3 * * *"
     assert schedule.job_name == "sync_demo_issues"
     assert schedule.tags[FULL_TAG] == "true"
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [("abs(state) > 1", "does not run"), ("trim(number) = 'x'", "does not run")],
+)
+def test_ill_typed_filters_fail_at_load(tmp_path: Path, where: str, why: str) -> None:
+    path = write(
+        tmp_path, f'watches:\n  - name: typo\n    source: demo_issues\n    where: "{where}"\n'
+    )
+    message = problem(path)
+    assert message.startswith(f"{path}:21: watches[0].where: watch 'typo': where: {why}"), message
+
+
+def test_broken_templates_fail_at_load(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'watches:\n  - name: w\n    source: demo_issues\n    title: "{{ new.title "\n',
+    )
+    message = problem(path)
+    assert f"{path}:19: watches[0]: title template:" in message, message
