@@ -247,3 +247,22 @@ class FakeOpenAIServer:
                 pass  # keep test output quiet
 
         return _Handler
+
+
+def label_judge(label: str) -> Callable[[Request], Reply]:
+    """A stand-in model for `FakeOpenAIServer(respond=...)`: notifies exactly when the
+    change it is shown carries ``label`` (its prompt holds the change's values as JSON)."""
+
+    def respond(request: Request) -> Reply:
+        notify = f'"{label}"' in request.text
+        return Reply.verdict(
+            {
+                "reasoning": f"Only the {label} label makes this relevant.",
+                "should_notify": notify,
+                "urgency": "high" if notify else "low",
+                "summary": f"A {label} issue." if notify else f"Not a {label} issue.",
+                "confidence": 0.9,
+            }
+        )
+
+    return respond

@@ -7,12 +7,23 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sources.base import Duration, EnvVarName, Identifier, SourceBase
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
+
+
+def _no_secret_headers(value: dict[str, str]) -> dict[str, str]:
+    secret = sorted(name for name in value if name.lower() in _SECRET_HEADERS)
+    if secret:
+        raise ValueError(f"headers {secret} look like credentials: configure them under auth")
+    return value
+
+
+# Request headers a config may hold: anything but credentials, which come from `auth`.
+PublicHeaders = Annotated[dict[str, str], AfterValidator(_no_secret_headers)]
 
 
 class _Model(BaseModel):
@@ -219,7 +230,7 @@ class RestSourceConfig(SourceBase):
     base_url: str
     path: str = ""
     params: dict[str, Param] = {}
-    headers: dict[str, str] = {}
+    headers: PublicHeaders = {}
     records_path: str | None = None
     paginator: PaginatorConfig = NoPagination()
     incremental: Incremental | None = None
@@ -239,14 +250,6 @@ class RestSourceConfig(SourceBase):
             raise ValueError(f"base_url must be an http(s) URL, got {value!r}")
         if parts.query:
             raise ValueError("base_url must not have a query string: use params (or auth)")
-        return value
-
-    @field_validator("headers")
-    @classmethod
-    def _no_secret_headers(cls, value: dict[str, str]) -> dict[str, str]:
-        secret = sorted(name for name in value if name.lower() in _SECRET_HEADERS)
-        if secret:
-            raise ValueError(f"headers {secret} look like credentials: configure them under auth")
         return value
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ from typing import Any
 import polars as pl
 import pytest
 from cw_testing import PG_URL, demo_source_settings
-from openai_server import FakeOpenAIServer, Reply, Request
+from openai_server import FakeOpenAIServer, Reply, label_judge
 
 from evaluators.config import Watch
 from evaluators.evaluate import evaluate_watch
@@ -36,18 +36,7 @@ def demo_config(api: DemoAPIServer) -> RestSourceConfig:
     return RestSourceConfig.model_validate(demo_source_settings(api.url, COLUMNS))
 
 
-def security_model(request: Request) -> Reply:
-    """A stand-in model: notifies when the change mentions the security label."""
-    notify = '"security"' in request.text
-    return Reply.verdict(
-        {
-            "reasoning": "The labels say whether this is a security matter.",
-            "should_notify": notify,
-            "urgency": "high" if notify else "low",
-            "summary": "Security-relevant issue." if notify else "Not about security.",
-            "confidence": 0.9,
-        }
-    )
+security_model = label_judge("security")
 
 
 @pytest.fixture

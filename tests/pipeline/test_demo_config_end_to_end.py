@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from cw_testing import REPO
-from openai_server import FakeOpenAIServer, Reply, Request
+from openai_server import FakeOpenAIServer, label_judge
 
 from pipeline.config import load_config
 from pipeline.resources import WAREHOUSE_URL_ENV
@@ -21,19 +21,7 @@ from pipeline.runner import materialize, source_job_assets
 from sources.demo import DemoAPIServer
 from warehouse import connect
 
-
-def security_model(request: Request) -> Reply:
-    """Says yes exactly when the change carries the security label."""
-    notify = '"security"' in request.text
-    return Reply.verdict(
-        {
-            "reasoning": "Only the security label makes this security relevant.",
-            "should_notify": notify,
-            "urgency": "high" if notify else "low",
-            "summary": "Security issue." if notify else "Not security.",
-            "confidence": 0.95,
-        }
-    )
+security_model = label_judge("security")
 
 
 @pytest.fixture
