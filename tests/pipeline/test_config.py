@@ -107,11 +107,13 @@ def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("GITHUB_TOKEN", "OPENAI_API_KEY", "SMTP_PASSWORD", "WEBHOOK_SECRET"):
         monkeypatch.setenv(name, "not-a-real-secret")
     config = load_config(REPO / "examples" / "github.yaml")
-    assert [s.name for s in config.sources] == [
-        "dagster_issues",
-        "status_incidents",
-        "duckdb_releases",
+    assert [(s.name, s.type) for s in config.sources] == [
+        ("dagster_issues", "github"),
+        ("duckdb_issues", "rest"),
+        ("status_incidents", "rest"),
+        ("duckdb_releases", "feed"),
     ]
+    assert config.source("dagster_issues").reconcile == "0 3 * * *"
     assert config.source("status_incidents").cron == "*/30 * * * *"
     assert [w.name for w in config.watches] == ["regressions", "new_duckdb_release"]
     assert [d.name for d in config.digests] == ["weekday_morning"]
