@@ -148,6 +148,7 @@ def normalize_with_fields(
             raise _locate_bad_document(con, config, error) from None
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
+    frame = frame.sort("_arrival")
     _check(frame, config)
     frame = _newest_per_key(frame, config)
     schema = {name: POLARS_TYPES[spec.type] for name, spec in config.columns.items()}
