@@ -239,11 +239,14 @@ def describe_url(url: str) -> str:
     'postgresql://app@[::1]:5432/prod'
     >>> describe_url("postgresql://app@db/prod?password=s3cret&sslmode=require")
     'postgresql://app@db/prod?sslmode=require'
+    >>> describe_url("duckdb:////tmp/w.duckdb")
+    'duckdb:////tmp/w.duckdb'
     """
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() not in _SECRET_PARAMS]
-    if len(query) != len(parse_qsl(parts.query)):
-        parts = parts._replace(query=urlencode(query))
+    if parts.password is None and len(query) == len(parse_qsl(parts.query)):
+        return url  # nothing to hide: the URL as given
+    parts = parts._replace(query=urlencode(query))
     if parts.password is None:
         return urlunsplit(parts)
     netloc = parts.hostname or ""
