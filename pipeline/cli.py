@@ -156,11 +156,20 @@ def _digest(config: ChangewatchConfig, name: str, day: date | None) -> int:
 def summarize(asset: str, meta: dict) -> str:
     """One line per materialized asset, from its metadata."""
     if "rows_fetched" in meta:
-        return (
+        line = (
             f"{asset}: fetched {meta['rows_fetched']} rows in {meta['pages']} page(s) -> "
             f"{meta['inserted']} inserted, {meta['updated']} updated, {meta['deleted']} deleted, "
             f"{meta['unchanged']} unchanged ({meta['duration_s']:.2f}s)"
         )
+        if meta.get("not_modified"):
+            line += "; not modified (every request answered 304)"
+        if meta.get("silent"):
+            line += "; recorded silently (baseline or backfill)"
+        if meta.get("schema_drift"):
+            line += f"; new payload fields: {meta['schema_drift']}"
+        if meta.get("storm_held"):
+            line += "; CHANGE STORM: its changes are held until `changewatch release`"
+        return line
     if "changes_read" in meta:
         return (
             f"{asset}: {meta['changes_read']} change(s) read, {meta['passed_filter']} passed "

@@ -59,7 +59,7 @@ def run_demo(args: argparse.Namespace) -> int:
                     )
 
         run("first run: every issue is new, so every watch sees every issue")
-        run("second run, nothing changed upstream: nothing to evaluate or send")
+        run("second run, nothing changed upstream: nothing new to evaluate or send")
         mutation = tracker.mutate(create=args.create, update=args.update, delete=args.delete)
         print(
             f"\ndemo API changed: opened {mutation['created']}, edited {mutation['updated']}, "

@@ -52,8 +52,9 @@ def materialize(
         instance=dagster_instance,
         partition_key=partition_key,
         tags=tags or {},
-        # The CLI prints its own summary; Dagster's step-by-step log stays in the run's record.
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        # The CLI prints its own summary (warnings included); Dagster's step-by-step log stays
+        # in the run's record, where the UI shows it.
+        run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}},
         raise_on_error=True,
     )
     found = {}
