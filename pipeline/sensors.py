@@ -62,13 +62,11 @@ def cron_schedule(
 ) -> dg.ScheduleDefinition:
     """A schedule for a source declared with ``cron`` instead of an interval."""
     assert source.cron is not None
-    return dg.ScheduleDefinition(
+    return _source_schedule(
+        source,
+        job,
         name=f"sync_{source.name}_schedule",
-        cron_schedule=source.cron,
-        execution_timezone=source.timezone,
-        job=job,
-        tags={SOURCE_TAG: source.name},
-        default_status=dg.DefaultScheduleStatus.RUNNING,
+        cron=source.cron,
         description=f"Syncs {source.name} on cron '{source.cron}' ({source.timezone}).",
     )
 
@@ -78,15 +76,34 @@ def sweep_schedule(
 ) -> dg.ScheduleDefinition:
     """The reconciliation sweep of a source: its job, walking the complete listing."""
     assert source.reconcile is not None
-    return dg.ScheduleDefinition(
+    return _source_schedule(
+        source,
+        job,
         name=f"sweep_{source.name}_schedule",
-        cron_schedule=source.reconcile,
-        execution_timezone=source.timezone,
-        job=job,
-        tags={SOURCE_TAG: source.name, FULL_TAG: "true"},
-        default_status=dg.DefaultScheduleStatus.RUNNING,
+        cron=source.reconcile,
+        extra_tags={FULL_TAG: "true"},
         description=(
             f"Full walk of {source.name} on cron '{source.reconcile}': objects that vanished "
             "upstream become delete changes."
         ),
+    )
+
+
+def _source_schedule(
+    source: SourceConfig,
+    job: dg.UnresolvedAssetJobDefinition,
+    *,
+    name: str,
+    cron: str,
+    description: str,
+    extra_tags: dict[str, str] | None = None,
+) -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(
+        name=name,
+        cron_schedule=cron,
+        execution_timezone=source.timezone,
+        job=job,
+        tags={SOURCE_TAG: source.name, **(extra_tags or {})},
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=description,
     )
