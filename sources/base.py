@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
@@ -230,18 +230,28 @@ class FetchResult:
         return found
 
 
+# Called with each document of a fetch as soon as it is final, and its records path.
+DocumentSink = Callable[[bytes, str | None], None]
+
+
 class Source(Protocol):
     """A connector: turns its settings and the stored cursor into raw records."""
 
     config: SourceBase
 
     def fetch(
-        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+        self,
+        *,
+        cursor: str | None,
+        validators: Mapping[str, Validator] | None = None,
+        sink: DocumentSink | None = None,
     ) -> FetchResult:
         """Fetch records changed since ``cursor`` (an ISO-8601 timestamp), or all when None.
 
         ``validators`` are the ones the last successful sync stored (see ``FetchResult``);
-        a connector that supports conditional requests sends them back.
+        a connector that supports conditional requests sends them back. ``sink`` receives
+        every document of the result once, in arrival order, while the fetch goes on (so
+        normalization can overlap the walk); the result may list them in another order.
 
         Raises ``sources.errors.SourceError`` (or a subclass) on failure; never returns partial
         results for a failed walk, so a failed sync leaves the stored cursor where it was.

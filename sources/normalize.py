@@ -23,12 +23,15 @@ from sources.base import ColumnSpec, FetchResult, SourceBase
 from sources.errors import PayloadError
 
 __all__ = [
+    "Batch",
     "HASH_COLUMN",
     "POLARS_TYPES",
     "RAW_COLUMN",
     "SYNCED_AT_COLUMN",
     "empty_frame",
+    "finish_batches",
     "normalize",
+    "normalize_batch",
     "normalize_with_fields",
     "parse_path",
 ]
@@ -122,18 +125,48 @@ def normalize_with_fields(
     """
     if not fetched.documents:
         return empty_frame(config), {}
-    records = _records_expr(fetched.records_path)
-    documents = pl.DataFrame(
-        {
-            "doc_index": range(first_document, first_document + len(fetched.documents)),
-            "doc": fetched.documents,
-        },
+    batch = normalize_batch(
+        fetched.documents,
+        fetched.records_path,
+        config,
+        first_document=first_document,
+        known_fields=known_fields,
+    )
+    return finish_batches([batch], config, synced_at=synced_at)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Some documents of a fetch, typed and hashed: one row per record, keys not yet unique."""
+
+    frame: pl.DataFrame
+    # Top-level field -> DuckDB JSON type of its first non-null value here ("NULL": only
+    # nulls here; None: a known field, not worked out).
+    fields: dict[str, str | None]
+
+
+def normalize_batch(
+    documents: Sequence[bytes],
+    records_path: str | None,
+    config: SourceBase,
+    *,
+    first_document: int = 0,
+    known_fields: Collection[str] | None = None,
+) -> Batch:
+    """One columnar DuckDB pass over ``documents`` (see ``normalize_with_fields``).
+
+    Batches of one fetch may run while the walk goes on (``sources.stream``); raises
+    ``PayloadError`` for the first bad record of the batch.
+    """
+    records = _records_expr(records_path)
+    frame = pl.DataFrame(
+        {"doc_index": range(first_document, first_document + len(documents)), "doc": documents},
         schema={"doc_index": pl.Int64, "doc": pl.Binary},
     ).with_columns(pl.col("doc").cast(pl.String))
     with duckdb.connect() as con:
         # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
         con.execute("SET TimeZone = 'UTC'")
-        con.register("documents", documents.to_arrow())
+        con.register("documents", frame.to_arrow())
         try:
             con.execute(sql.load("create_records_documents").format(records=records))
             table = con.sql(_statement(config)).to_arrow_table()
@@ -143,13 +176,22 @@ def normalize_with_fields(
             for field in fields.keys() - set(known_fields or fields):
                 path = "$." + json.dumps(field)
                 found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
-                fields[field] = _FIELD_TYPES.get(found[0][0] if found else "NULL", "json")
+                fields[field] = found[0][0] if found else "NULL"
         except duckdb.Error as error:
             raise _locate_bad_document(con, config, error) from None
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    frame = frame.sort("_arrival")
-    _check(frame, config)
+    typed = pl.from_arrow(table)
+    assert isinstance(typed, pl.DataFrame)
+    _check(typed, config)
+    return Batch(typed, fields)
+
+
+def finish_batches(
+    batches: Sequence[Batch], config: SourceBase, *, synced_at: datetime
+) -> tuple[pl.DataFrame, dict[str, str | None]]:
+    """The batches of one fetch as one frame, newest version per key, and the fields seen."""
+    if not batches:
+        return empty_frame(config), {}
+    frame = pl.concat([batch.frame for batch in batches], how="vertical").sort("_arrival")
     frame = _newest_per_key(frame, config)
     schema = {name: POLARS_TYPES[spec.type] for name, spec in config.columns.items()}
     frame = frame.select(
@@ -158,7 +200,13 @@ def normalize_with_fields(
         pl.lit(synced_at).cast(UTC_MICROS).alias(SYNCED_AT_COLUMN),
         RAW_COLUMN,
     )
-    return frame, fields
+    # A new field's type is that of its first non-null value over the whole fetch.
+    fields: dict[str, str | None] = {}
+    for batch in batches:
+        for field, found in batch.fields.items():
+            if fields.get(field, "NULL") == "NULL":
+                fields[field] = found
+    return frame, {f: None if t is None else _FIELD_TYPES.get(t, "json") for f, t in fields.items()}
 
 
 def _newest_per_key(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:

@@ -17,7 +17,8 @@ import polars as pl
 
 from sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
 from sources.errors import PayloadError
-from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN, normalize_with_fields
+from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN
+from sources.stream import StreamingNormalizer
 from warehouse.backends import Warehouse
 from warehouse.schema import SQL_TYPES, changes_table, ensure_bookkeeping, ensure_source_tables
 from warehouse.statements import quote, render
@@ -143,13 +144,15 @@ def run_sync(
         silent=silent or (not state and config.baseline == "silent"),
     )
     try:
-        fetched = source.fetch(cursor=None if full else cursor, validators=validators)
-        if full:
-            # Nothing was conditional and nothing was filtered by a cursor: this is everything.
-            fetched.complete = True
-        frame, fields = normalize_with_fields(
-            fetched, config, synced_at=started_at, known_fields=list(known) if known else None
-        )
+        # Pages are normalized on a worker thread while the walk goes on.
+        with StreamingNormalizer(config, known_fields=list(known) if known else None) as pages:
+            fetched = source.fetch(
+                cursor=None if full else cursor, validators=validators, sink=pages.add
+            )
+            if full:
+                # Nothing was conditional and nothing was filtered by a cursor: everything.
+                fetched.complete = True
+            frame, fields = pages.finish(fetched, synced_at=started_at)
         stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
         if stats.drift and config.schema_mode == "freeze":
             raise PayloadError(

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from sources.base import FetchResult, Validator
+from sources.base import DocumentSink, FetchResult, Validator
 from sources.errors import PayloadError, SourceError
 from sources.feed.config import FeedSourceConfig
 from sources.feed.parse import FEED_ACCEPT, FeedFormatError, parse_feed
@@ -43,7 +43,11 @@ class FeedSource:
         self.client_factory = client_factory or HttpClient
 
     def fetch(
-        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+        self,
+        *,
+        cursor: str | None,
+        validators: Mapping[str, Validator] | None = None,
+        sink: DocumentSink | None = None,
     ) -> FetchResult:
         """The feed's entries as records; ``FetchResult.not_modified`` on a 304.
 
@@ -86,7 +90,7 @@ class FeedSource:
             raise PayloadError(
                 f"source {config.name!r}: GET {response.url.host}{response.url.path} {exc}"
             ) from None
-        return FetchResult.from_records(
+        result = FetchResult.from_records(
             parsed.records,
             pages=1,
             requests=requests,
@@ -95,6 +99,9 @@ class FeedSource:
             validators=remembered,
             notes={"feed_version": parsed.version},
         )
+        if sink is not None:
+            sink(result.documents[0], result.records_path)
+        return result
 
     @contextmanager
     def _context(self) -> Iterator[None]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from sources.base import FetchResult, Validator
+from sources.base import DocumentSink, FetchResult, Validator
 from sources.errors import PayloadError, SourceError
 from sources.github.config import GitHubSourceConfig
 from sources.http import HttpClient, HttpPolicy
@@ -94,34 +94,46 @@ class GitHubSource:
         }
 
     def fetch(
-        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+        self,
+        *,
+        cursor: str | None,
+        validators: Mapping[str, Validator] | None = None,
+        sink: DocumentSink | None = None,
     ) -> FetchResult:
         """Every repository's issues (changed since ``cursor`` when incremental), or raise.
 
         Validators are per page URL, so one mapping serves every repository. All answered
         304: ``not_modified``. In a snapshot, a repository answering 304 while another changed
         is fetched again unconditionally, so the result holds the full listing
-        (``complete=True``) and deletes can be seen.
+        (``complete=True``) and deletes can be seen. Pages reach ``sink`` annotated, as they
+        arrive.
         """
         since = github_time(cursor) if cursor and self.config.sync == "incremental" else None
+        kept: dict[str, list[tuple[bytes, int]]] = {repo: [] for repo in self._walks}
+
+        def keeper(repo: str) -> DocumentSink:
+            def keep(document: bytes, records_path: str | None) -> None:
+                annotated = self._annotate(document, repo)
+                kept[repo].append(annotated)
+                if sink is not None:
+                    sink(annotated[0], None)
+
+            return keep
+
         results = {
-            repo: walk.fetch(cursor=since, validators=validators)
+            repo: walk.fetch(cursor=since, validators=validators, sink=keeper(repo))
             for repo, walk in self._walks.items()
         }
         if self.config.sync == "snapshot" and not all(r.not_modified for r in results.values()):
             for repo, result in results.items():
                 if result.not_modified:
-                    again = self._walks[repo].fetch(cursor=None)
+                    again = self._walks[repo].fetch(cursor=None, sink=keeper(repo))
                     again.requests += result.requests
                     results[repo] = again
-        documents: list[bytes] = []
+        documents = [document for pages in kept.values() for document, _ in pages]
+        count = sum(records for pages in kept.values() for _, records in pages)
         found: dict[str, Validator] = {}
-        count = 0
-        for repo, result in results.items():
-            for document in result.documents:
-                annotated, records = self._annotate(document, repo)
-                documents.append(annotated)
-                count += records
+        for result in results.values():
             found.update(result.validators)
         not_modified = all(r.not_modified for r in results.values())
         return FetchResult(

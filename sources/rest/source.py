@@ -16,7 +16,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 
-from sources.base import FetchResult, Validator
+from sources.base import DocumentSink, FetchResult, Validator
 from sources.errors import FetchError, PayloadError, RateLimited, SourceError
 from sources.http import HttpClient, HttpPolicy, validator_of
 from sources.ratelimit import credential_id
@@ -82,6 +82,8 @@ class _Walk:
     """What one fetch has gathered so far, over all its listings."""
 
     stored: Mapping[str, Validator]  # validators from the last sync, by request key
+    records_path: str | None = None
+    sink: DocumentSink | None = None  # told of each kept document at once
     documents: list[bytes] = field(default_factory=list)
     validators: dict[str, Validator] = field(default_factory=dict)
     pages: int = 0
@@ -89,6 +91,11 @@ class _Walk:
     counted: bool = True  # every kept page was decoded, so record_count is the total
     unchanged: list[tuple[_Listing, Paginator, PageRequest]] = field(default_factory=list)
     ignored: Counter[int] = field(default_factory=Counter)  # statuses a response action took
+
+    def keep(self, document: bytes) -> None:
+        self.documents.append(document)
+        if self.sink is not None:
+            self.sink(document, self.records_path)
 
 
 class RestSource:
@@ -108,7 +115,11 @@ class RestSource:
         self._ignore = {a.status for a in config.response_actions if a.action == "ignore"}
 
     def fetch(
-        self, *, cursor: str | None, validators: Mapping[str, Validator] | None = None
+        self,
+        *,
+        cursor: str | None,
+        validators: Mapping[str, Validator] | None = None,
+        sink: DocumentSink | None = None,
     ) -> FetchResult:
         """Every page's JSON (since ``cursor`` when incremental); raises on any failure.
 
@@ -133,7 +144,7 @@ class RestSource:
         snapshot = config.sync == "snapshot"
         own = _Listing(config.url, params, config.paginator, config.records_path)
         conditional = make_paginator(config.paginator).conditional
-        walk = _Walk((validators or {}) if conditional else {})
+        walk = _Walk((validators or {}) if conditional else {}, config.records_path, sink)
         with self.client_factory(policy=self.policy, name=config.name) as client:
             for listing in self._listings(client, walk, own):
                 self._walk(client, walk, listing)
@@ -317,11 +328,11 @@ class RestSource:
         if listing.copied:
             for record in records:
                 record.update(listing.copied)
-            walk.documents.append(orjson.dumps(body))
+            walk.keep(orjson.dumps(body))
         else:
             # Keep the bytes, not decoded objects: normalization splits and types them in
             # one columnar pass (and 100k live dicts would cost more in GC than parsing).
-            walk.documents.append(response.content)
+            walk.keep(response.content)
         walk.record_count += len(records)
         walk.counted = walk.counted and body is not None
         return response, body, records

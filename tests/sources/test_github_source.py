@@ -187,9 +187,14 @@ def test_snapshot_with_one_repo_changed_refetches_the_rest_for_a_full_listing(ap
     unchanged = source.fetch(cursor=None, validators=first.validators)
     assert unchanged.not_modified is True and unchanged.complete is False
     api.add_issue("acme/gadgets", 2, day(9), title="renamed")  # moves to the last page
-    changed = source.fetch(cursor=None, validators=first.validators)
+    streamed: list[bytes] = []
+    changed = source.fetch(
+        cursor=None, validators=first.validators, sink=lambda doc, path: streamed.append(doc)
+    )
     assert changed.complete is True and changed.not_modified is False
     assert sorted(keys(changed)) == sorted(keys(first))
+    # Each page of the result reached the sink once, annotated, refetched pages included.
+    assert sorted(streamed) == sorted(changed.documents)
     assert len(changed.validators) == 4
 
 
