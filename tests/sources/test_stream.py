@@ -34,16 +34,13 @@ def source() -> SourceBase:
 def page(first: int, count: int, **extra: object) -> bytes:
     return orjson.dumps(
         [
-            {"id": i, "title": f"item {i}", "updated_at": f"2026-01-01T00:00:{i % 60:02d}Z"}
-            | extra
+            {"id": i, "title": f"item {i}", "updated_at": f"2026-01-01T00:00:{i % 60:02d}Z"} | extra
             for i in range(first, first + count)
         ]
     )
 
 
-def streamed(
-    documents: list[bytes], *, batch_bytes: int, known: list[str] | None = None
-) -> tuple:
+def streamed(documents: list[bytes], *, batch_bytes: int, known: list[str] | None = None) -> tuple:
     fetched = FetchResult(documents=documents)
     with StreamingNormalizer(source(), known_fields=known, batch_bytes=batch_bytes) as pages:
         for document in documents:
