@@ -1,6 +1,7 @@
 """Throughput of a full snapshot sync of the demo API, against a fetch+decode-only baseline.
 
-Starts one ``DemoAPIServer`` (a ``DemoTracker`` of ``--rows`` issues) on loopback, then:
+Starts the demo API (a ``DemoTracker`` of ``--rows`` issues) on loopback, in its own process
+like any real API (``--server thread`` runs it on a thread of this process instead), then:
 
 * Phase A, fetch+decode only: one keep-alive ``httpx.Client`` walks every page through the
   ``Link`` header and ``orjson.loads`` each body. This is the floor for any sync.
@@ -11,10 +12,11 @@ Starts one ``DemoAPIServer`` (a ``DemoTracker`` of ``--rows`` issues) on loopbac
 * A and B run alternately ``--rounds`` times (default 2, each B on a fresh warehouse); the best
   of each is reported, so noise affects both alike.
 * Phase C, on the last warehouse: a second sync with no upstream change (asserts 0 changes),
-  then ``tracker.mutate(update=1000, delete=100)`` and a third sync (asserts exactly 1000
-  updates and 100 deletes).
+  then a mutation of 1000 updates and 100 deletes (``POST /_demo/mutate``) and a third sync
+  (asserts exactly those).
 
-Peak RSS (``ru_maxrss``, a high-water mark for the whole process, server included) is printed
+Peak RSS (``ru_maxrss``, a high-water mark for this process; with ``--server thread`` the
+tracker's memory counts too) is printed
 after each phase. The last lines compare rows/s of full sync with fetch-only and print
 ``TARGET MET`` when full sync reaches at least half the fetch-only rate, else ``TARGET MISSED``.
 
@@ -32,6 +34,7 @@ import argparse
 import gc
 import os
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -194,6 +197,46 @@ def full_sync(wh: Warehouse, config: RestSourceConfig, label: str) -> SyncResult
     return SyncResult(label, stats, timings, peak_rss_mb())
 
 
+# -- the demo API ----------------------------------------------------------------------------
+
+
+@dataclass
+class DemoServer:
+    url: str
+    mutate: Callable[..., dict[str, Any]]
+
+
+@contextmanager
+def thread_server(rows: int, seed: int) -> Iterator[DemoServer]:
+    """The demo API on a thread of this process (it shares the GIL with the sync)."""
+    with DemoAPIServer(DemoTracker(issues=rows, seed=seed)) as server:
+        yield DemoServer(server.url, server.tracker.mutate)
+
+
+@contextmanager
+def process_server(rows: int, seed: int) -> Iterator[DemoServer]:
+    """The demo API in its own process on a free loopback port; mutated over HTTP."""
+    command = [sys.executable, "-u", "-m", "sources.demo.server", "--port", "0"]
+    command += ["--issues", str(rows), "--seed", str(seed)]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()  # "demo API serving ... at http://127.0.0.1:PORT"
+        if " at http" not in first:
+            raise SystemExit(f"the demo API did not start: {first!r}")
+        url = first.rsplit(" at ", 1)[1].strip()
+
+        def mutate(**changes: int) -> dict[str, Any]:
+            response = httpx.post(f"{url}/_demo/mutate", json=changes, timeout=60)
+            response.raise_for_status()
+            return response.json()
+
+        yield DemoServer(url, mutate)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 # -- warehouses ------------------------------------------------------------------------------
 
 
@@ -267,6 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="default: %(default)s")
     parser.add_argument("--rounds", type=int, default=2, help="A/B alternations (default: 2)")
     parser.add_argument("--seed", type=int, default=1, help="tracker seed (default: 1)")
+    parser.add_argument(
+        "--server",
+        choices=("process", "thread"),
+        default="process",
+        help="run the demo API in its own process, as a real API is (default), or on a "
+        "thread of this one, sharing its GIL",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.per_page <= 100:
         parser.error("--per-page must be between 1 and 100 (the API caps it at 100)")
@@ -276,17 +326,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
 
     start = time.perf_counter()
-    tracker = DemoTracker(issues=args.rows, seed=args.seed)
-    print(
-        f"tracker: {args.rows:,} issues built in {time.perf_counter() - start:.2f}s; "
-        f"{memory_note()}"
+    server_cm = (
+        process_server(args.rows, args.seed)
+        if args.server == "process"
+        else thread_server(args.rows, args.seed)
     )
-    baseline_rss = peak_rss_mb()
     fetches: list[FetchOnlyResult] = []
     syncs: list[SyncResult] = []
     warehouses = Warehouses(args.backend, args.pg_url)
     try:
-        with DemoAPIServer(tracker) as server:
+        with server_cm as server:
+            print(
+                f"demo API ({args.server}): {args.rows:,} issues ready in "
+                f"{time.perf_counter() - start:.2f}s; {memory_note()}"
+            )
+            baseline_rss = peak_rss_mb()
             config = source_config(server.url, args.per_page)
             print(f"server {server.url}; backend {args.backend}; per_page {args.per_page}")
             wh = None
@@ -312,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             assert second.stats.changed == 0, f"expected no changes: {second.stats}"
             assert second.stats.unchanged == args.rows, second.stats
 
-            mutated = tracker.mutate(update=1000, delete=100)
+            mutated = server.mutate(update=1000, delete=100)
             assert len(mutated["updated"]) == 1000 and len(mutated["deleted"]) == 100
             third = full_sync(wh, config, "C2 third sync (1000 updated, 100 deleted)")
             print(describe_sync(third))
@@ -328,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"{args.backend}, {args.rows:,} rows, per_page {args.per_page}, best of {args.rounds} "
-        f"(peak RSS: process high-water mark when the phase first ran; tracker+imports "
+        f"(peak RSS: process high-water mark when the phase first ran; server+imports "
         f"{baseline_rss:.0f} MiB)"
     )
     # ru_maxrss only grows, so RSS is shown as it stood when the phase first ran (round 1).

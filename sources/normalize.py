@@ -152,33 +152,49 @@ def normalize_batch(
     *,
     first_document: int = 0,
     known_fields: Collection[str] | None = None,
+    connection: duckdb.DuckDBPyConnection | None = None,
 ) -> Batch:
     """One columnar DuckDB pass over ``documents`` (see ``normalize_with_fields``).
 
-    Batches of one fetch may run while the walk goes on (``sources.stream``); raises
+    Batches of one fetch may run while the walk goes on (``sources.stream``), reusing one
+    in-memory ``connection`` (opening one costs more than a small batch); raises
     ``PayloadError`` for the first bad record of the batch.
     """
-    records = _records_expr(records_path)
+    if connection is None:
+        with duckdb.connect() as con:
+            return normalize_batch(
+                documents,
+                records_path,
+                config,
+                first_document=first_document,
+                known_fields=known_fields,
+                connection=con,
+            )
+    con = connection
     frame = pl.DataFrame(
         {"doc_index": range(first_document, first_document + len(documents)), "doc": documents},
         schema={"doc_index": pl.Int64, "doc": pl.Binary},
     ).with_columns(pl.col("doc").cast(pl.String))
-    with duckdb.connect() as con:
-        # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
-        con.execute("SET TimeZone = 'UTC'")
-        con.register("documents", frame.to_arrow())
-        try:
-            con.execute(sql.load("create_records_documents").format(records=records))
-            table = con.sql(_statement(config)).to_arrow_table()
-            fields: dict[str, str | None] = {
-                field: None for (field,) in con.sql(sql.load("select_fields_records")).fetchall()
-            }
-            for field in fields.keys() - set(known_fields or fields):
-                path = "$." + json.dumps(field)
-                found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
-                fields[field] = found[0][0] if found else "NULL"
-        except duckdb.Error as error:
-            raise _locate_bad_document(con, config, error) from None
+    # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
+    con.execute("SET TimeZone = 'UTC'")
+    con.register("documents", frame.to_arrow())
+    try:
+        con.execute(
+            sql.load("create_records_documents").format(records=_records_expr(records_path))
+        )
+        table = con.sql(_statement(config)).to_arrow_table()
+        fields: dict[str, str | None] = {
+            field: None for (field,) in con.sql(sql.load("select_fields_records")).fetchall()
+        }
+        for field in fields.keys() - set(known_fields or fields):
+            path = "$." + json.dumps(field)
+            found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
+            fields[field] = found[0][0] if found else "NULL"
+    except duckdb.Error as error:
+        raise _locate_bad_document(con, config, error) from None
+    finally:
+        con.execute("DROP TABLE IF EXISTS records")
+        con.unregister("documents")
     typed = pl.from_arrow(table)
     assert isinstance(typed, pl.DataFrame)
     _check(typed, config)

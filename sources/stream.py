@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 
+import duckdb
 import polars as pl
 
 from sources.base import FetchResult, SourceBase
@@ -48,6 +49,8 @@ class StreamingNormalizer:
         self._records_path: str | None = None
         self._batches: list[Future[Batch]] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="normalize")
+        # One in-memory DuckDB for every batch, only ever used by the one worker thread.
+        self._duckdb = duckdb.connect(config={"threads": 1})
 
     def __enter__(self) -> StreamingNormalizer:
         return self
@@ -59,6 +62,7 @@ class StreamingNormalizer:
         tb: TracebackType | None,
     ) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._duckdb.close()
 
     def add(self, document: bytes, records_path: str | None) -> None:
         """One document of the fetch, in arrival order (a connector's ``sink``)."""
@@ -99,6 +103,7 @@ class StreamingNormalizer:
                 self.config,
                 first_document=first,
                 known_fields=self.known_fields,
+                connection=self._duckdb,
             )
         )
         self._pending, self._pending_bytes = [], 0

@@ -1,6 +1,6 @@
 -- Step 1 of normalization (DuckDB, in memory): one row per record of the fetched documents,
 -- each record's JSON text kept as it came, and its arrival position.
-CREATE TEMP TABLE records AS
+CREATE OR REPLACE TEMP TABLE records AS
 SELECT doc_index * 1000000000 + pos AS _arrival, raw
 FROM (
     SELECT doc_index, unnest(recs) AS raw, unnest(range(len(recs))) AS pos

@@ -25,6 +25,11 @@ __all__ = [
 
 DEFAULT_URL = "duckdb:///.changewatch/warehouse.duckdb"
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# Rows per DuckDB row group (DuckDB's default is 122,880): small enough that a sync of some
+# tens of thousands of rows is written while it is inserted, large enough to compress well.
+ROW_GROUP_ROWS = 16_384
+# Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
+_RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # libpq parameters that carry secrets; never shown.
 _SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
 
@@ -103,10 +108,20 @@ class DuckDBWarehouse(Warehouse):
         self.path = Path(path)
         if str(self.path) != ":memory:":
             self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The file is attached (not opened directly) to choose its row group size: a sync's
+        # bulk write then fills row groups that DuckDB compresses and writes while the
+        # INSERT runs, on all cores, instead of compressing one big row group at commit.
+        catalog = self.path.stem if self.path.stem not in _RESERVED_CATALOGS else "warehouse"
+        self._con = duckdb.connect()
         try:
-            self._con = duckdb.connect(str(self.path))
+            self._con.execute(
+                f"ATTACH {_literal(str(self.path))} AS {_ident(catalog)} "
+                f"(ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
+            )
         except duckdb.IOException as error:
+            self._con.close()
             raise WarehouseError(f"cannot open DuckDB file {self.path}: {error}") from error
+        self._con.execute(f"USE {_ident(catalog)}")
         # Timestamps leave as UTC whatever the machine's zone, so both backends read the same.
         self._con.execute("SET TimeZone = 'UTC'")
 
@@ -257,6 +272,14 @@ def describe_url(url: str) -> str:
     if parts.port:
         netloc = f"{netloc}:{parts.port}"
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:
