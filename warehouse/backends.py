@@ -77,6 +77,14 @@ class Warehouse(ABC):
             raise
         self.unstage(name)
 
+    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+        """Append ``frame`` to ``table`` (columns matched by name) on a bulk path, if any.
+
+        Returns False when the backend has none better than ``INSERT ... SELECT`` from a staged
+        frame; the caller then writes with SQL. Rows go in frame order.
+        """
+        return False
+
     @abstractmethod
     def lock(self, key: str) -> None:
         """Hold an exclusive lock on ``key`` until the current transaction ends."""
@@ -197,6 +205,12 @@ class PostgresWarehouse(Warehouse):
 
     def unstage(self, name: str) -> None:
         self._cur.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')
+
+    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+        # Binary COPY straight into the table: one pass, where staging would COPY into a
+        # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
+        self._cur.adbc_ingest(table, frame.to_arrow(), mode="append")
+        return True
 
     def lock(self, key: str) -> None:
         self._cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (key,))

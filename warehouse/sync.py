@@ -485,7 +485,8 @@ def _write_changes(
                 )
             )
     upserts = frame.join(changes.filter(pl.col("kind") != "delete").select(keys), on=keys)
-    if upserts.height:
+    # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path will do.
+    if upserts.height and (evolved or not wh.bulk_load(config.table, upserts)):
         with wh.staged("cw_upserts", upserts) as stage:
             wh.execute(
                 render(
@@ -503,6 +504,8 @@ def _write_changes(
         pl.lit(stats.silent).alias("silent"), pl.lit(stats.storm_held).alias("held")
     )
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
+    if wh.bulk_load(changes_table(config.table), log.drop("_order")):
+        return  # in _order: change ids follow it
     with wh.staged("cw_changes", log) as stage:
         wh.execute(
             render(
