@@ -28,9 +28,10 @@ BATCH_BYTES = 8 << 20
 class StreamingNormalizer:
     """Takes a fetch's documents as they arrive (``add``) and normalizes them in batches.
 
-    Use as a context manager: leaving the block stops the worker, so a failed fetch does not
-    leave a thread behind. ``finish`` returns what ``normalize_with_fields`` would return for
-    the whole fetch; a payload error in any batch is raised there.
+    Use as a context manager: leaving the block waits for the worker and stops it, so a failed
+    fetch leaves no thread behind. ``finish`` returns what ``normalize_with_fields`` would
+    return for the whole fetch. A payload error in a batch is raised by the next ``add``
+    (ending the walk early: the sync fails anyway) or by ``finish``.
     """
 
     def __init__(
@@ -66,6 +67,9 @@ class StreamingNormalizer:
 
     def add(self, document: bytes, records_path: str | None) -> None:
         """One document of the fetch, in arrival order (a connector's ``sink``)."""
+        for batch in self._batches:
+            if batch.done() and batch.exception() is not None:
+                batch.result()  # raises: no point walking on
         if self._pending and records_path != self._records_path:
             self._submit()  # a batch holds documents of one shape
         self._records_path = records_path
@@ -83,9 +87,15 @@ class StreamingNormalizer:
         A connector that did not hand its documents to ``add`` (one written before sinks
         existed) is normalized here in one pass, from ``fetched`` itself.
         """
-        if self.received != len(fetched.documents):
+        if self.received == 0 and fetched.documents:
             return normalize_with_fields(
                 fetched, self.config, synced_at=synced_at, known_fields=self.known_fields
+            )
+        if self.received != len(fetched.documents):
+            # A connector bug: normalizing either list could lose rows or count them twice.
+            raise RuntimeError(
+                f"source {self.config.name!r}: the connector passed {self.received} documents "
+                f"to its sink but returned {len(fetched.documents)}"
             )
         self._submit()
         batches = [future.result() for future in self._batches]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import orjson
@@ -107,3 +108,23 @@ def test_the_rest_source_hands_every_page_to_the_sink_once(demo_api) -> None:
     assert sorted(seen) == sorted(fetched.documents)
     numbers = [issue["number"] for doc in seen for issue in json.loads(doc)]
     assert sorted(numbers) == list(range(1, 41))  # every issue, once
+
+
+def test_a_connector_that_missed_its_sink_for_some_pages_is_an_error_not_a_guess() -> None:
+    with StreamingNormalizer(source()) as pages:
+        pages.add(page(0, 5), None)
+        with pytest.raises(RuntimeError, match="passed 1 documents to its sink but returned 2"):
+            pages.finish(FetchResult(documents=[page(0, 5), page(5, 5)]), synced_at=SYNCED_AT)
+
+
+def test_a_bad_page_ends_the_walk_at_a_following_page() -> None:
+    bad = orjson.dumps([{"id": "seven", "updated_at": "2026-01-01T00:00:00Z"}])
+    added = 0
+    with StreamingNormalizer(source(), batch_bytes=1) as pages:
+        pages.add(bad, None)
+        with pytest.raises(PayloadError, match="document 1 record #0"):
+            for first in range(0, 5000, 5):  # the worker reports within a few pages
+                pages.add(page(first, 5), None)
+                added += 1
+                time.sleep(0.01)
+    assert added < 1000
