@@ -5,12 +5,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from cw_testing import REPO
 
 
-def test_bench_sync_runs_on_a_small_listing() -> None:
+@pytest.mark.parametrize("server", ["process", "thread"])
+def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
     done = subprocess.run(
-        [sys.executable, "bench/bench_sync.py", "--rows", "3000", "--rounds", "1"],
+        [
+            sys.executable,
+            "bench/bench_sync.py",
+            *("--rows", "3000", "--rounds", "1", "--server", server),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
