@@ -1,7 +1,9 @@
 -- A source's change log: one row per insert, update or delete, with typed old and new values
 -- of every declared column, so change filters are plain SQL over one table.
 CREATE TABLE IF NOT EXISTS {changes} (
-    change_id BIGINT PRIMARY KEY DEFAULT nextval('{sequence_name}'),
+    -- Given by the sync that records the change: the log's highest id + 1, in the sync's
+    -- order, under the source's sync lock (syncs of a source never overlap).
+    change_id BIGINT PRIMARY KEY,
     sync_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     object_key TEXT NOT NULL,

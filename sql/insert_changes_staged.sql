@@ -1,7 +1,6 @@
--- change_id comes from the sequence in stage order, so one sync's changes read in order.
-INSERT INTO {changes} (sync_id, kind, object_key, old_hash, new_hash, changed_columns,
+-- change_id is given in polars (next id + the change's place in the sync): no sort here.
+INSERT INTO {changes} (change_id, sync_id, kind, object_key, old_hash, new_hash, changed_columns,
                        detected_at, silent, held, {value_columns})
-SELECT sync_id, kind, object_key, old_hash, new_hash, changed_columns,
+SELECT change_id, sync_id, kind, object_key, old_hash, new_hash, changed_columns,
        detected_at, silent, held, {select_values}
 FROM {stage}
-ORDER BY _order

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import polars as pl
+import pyarrow as pa
 
 __all__ = [
     "DEFAULT_URL",
@@ -143,8 +144,12 @@ class DuckDBWarehouse(Warehouse):
         return pl.from_arrow(self._con.sql(sql, params=list(params)).to_arrow_table())
 
     def stage(self, name: str, frame: pl.DataFrame) -> None:
-        # A registered Arrow view: DuckDB scans it in place, nothing is copied or written.
-        self._con.register(name, frame.to_arrow())
+        # A registered Arrow view: DuckDB scans it in place, nothing is copied or written. In
+        # row-group-sized record batches, so every core scans, casts and compresses a share of
+        # a bulk write (one batch would keep it on one thread).
+        table = frame.to_arrow()
+        batches = table.to_batches(max_chunksize=ROW_GROUP_ROWS)
+        self._con.register(name, pa.Table.from_batches(batches, schema=table.schema))
 
     def unstage(self, name: str) -> None:
         self._con.unregister(name)

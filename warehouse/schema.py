@@ -80,7 +80,6 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
     """
     _ddl_lock(wh)
     table, changes = config.table, changes_table(config.table)
-    sequence = f"{changes}_seq"
     column_defs = ", ".join(
         f"{quote(name)} {SQL_TYPES[spec.type]}" for name, spec in config.columns.items()
     )
@@ -98,16 +97,7 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
             primary_key=", ".join(quote(k) for k in config.primary_key),
         )
     )
-    wh.execute(render("create_changes_sequence", wh.dialect, sequence=quote(sequence)))
-    wh.execute(
-        render(
-            "create_changes",
-            wh.dialect,
-            changes=quote(changes),
-            sequence_name=sequence,
-            value_defs=value_defs,
-        )
-    )
+    wh.execute(render("create_changes", wh.dialect, changes=quote(changes), value_defs=value_defs))
     added = _add_missing_columns(
         wh, table, {n: SQL_TYPES[s.type] for n, s in config.columns.items()}
     )

@@ -500,18 +500,26 @@ def _write_changes(
                     evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
                 )
             )
-    log = _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at).with_columns(
-        pl.lit(stats.silent).alias("silent"), pl.lit(stats.storm_held).alias("held")
+    change_log = quote(changes_table(config.table))
+    first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
+    log = (
+        _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at)
+        .with_columns(
+            (pl.col("_order").cast(pl.Int64) + first_id).alias("change_id"),
+            pl.lit(stats.silent).alias("silent"),
+            pl.lit(stats.storm_held).alias("held"),
+        )
+        .drop("_order")
     )
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    if wh.bulk_load(changes_table(config.table), log.drop("_order")):
-        return  # in _order: change ids follow it
+    if wh.bulk_load(changes_table(config.table), log):
+        return
     with wh.staged("cw_changes", log) as stage:
         wh.execute(
             render(
                 "insert_changes_staged",
                 wh.dialect,
-                changes=quote(changes_table(config.table)),
+                changes=change_log,
                 stage=stage,
                 value_columns=", ".join(quote(c) for c in value_columns),
                 select_values=_select_list(

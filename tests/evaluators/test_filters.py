@@ -83,15 +83,8 @@ def _load_fixture(wh: Warehouse) -> None:
     frame = _fixture_frame(datetime.now(UTC))
     columns = ", ".join(quote(c) for c in frame.columns)
     with wh.transaction():
-        wh.execute(render("create_changes_sequence", wh.dialect, sequence='"issues_changes_seq"'))
         wh.execute(
-            render(
-                "create_changes",
-                wh.dialect,
-                changes='"issues_changes"',
-                sequence_name="issues_changes_seq",
-                value_defs=value_defs,
-            )
+            render("create_changes", wh.dialect, changes='"issues_changes"', value_defs=value_defs)
         )
         wh.stage("filter_fixture", frame)
         wh.execute(f"INSERT INTO issues_changes ({columns}) SELECT {columns} FROM filter_fixture")
