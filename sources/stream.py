@@ -97,23 +97,41 @@ class StreamingNormalizer:
                 f"source {self.config.name!r}: the connector passed {self.received} documents "
                 f"to its sink but returned {len(fetched.documents)}"
             )
-        self._submit()
+        # The walk is over: the last documents are normalized here, on this thread, while the
+        # worker may still be busy with the batch before them (two cores, two batches at once).
+        last = self._take_pending()
+        try:
+            tail = [self._normalize(*last, connection=None)] if last[0] else []
+        except Exception:
+            for future in self._batches:
+                future.result()  # a bad record in an earlier batch is the one to report
+            raise
         batches = [future.result() for future in self._batches]
-        return finish_batches(batches, self.config, synced_at=synced_at)
+        return finish_batches([*batches, *tail], self.config, synced_at=synced_at)
 
     def _submit(self) -> None:
-        if not self._pending:
-            return
-        first = self.received - len(self._pending)
-        self._batches.append(
-            self._pool.submit(
-                normalize_batch,
-                self._pending,
-                self._records_path,
-                self.config,
-                first_document=first,
-                known_fields=self.known_fields,
-                connection=self._duckdb,
-            )
-        )
+        if self._pending:
+            pending = self._take_pending()
+            self._batches.append(self._pool.submit(self._normalize, *pending, self._duckdb))
+
+    def _take_pending(self) -> tuple[list[bytes], str | None, int]:
+        """The documents waiting for a batch, their records path and the first one's number."""
+        documents, first = self._pending, self.received - len(self._pending)
         self._pending, self._pending_bytes = [], 0
+        return documents, self._records_path, first
+
+    def _normalize(
+        self,
+        documents: list[bytes],
+        records_path: str | None,
+        first: int,
+        connection: duckdb.DuckDBPyConnection | None,
+    ) -> Batch:
+        return normalize_batch(
+            documents,
+            records_path,
+            self.config,
+            first_document=first,
+            known_fields=self.known_fields,
+            connection=connection,
+        )

@@ -49,7 +49,8 @@ def streamed(documents: list[bytes], *, batch_bytes: int, known: list[str] | Non
         return pages.finish(fetched, synced_at=SYNCED_AT)
 
 
-def test_batches_give_the_one_pass_result() -> None:
+@pytest.mark.parametrize("pages_per_batch", [1, 2, 100], ids=["worker", "mixed", "last only"])
+def test_batches_give_the_one_pass_result(pages_per_batch: int) -> None:
     # An object that moved between pages (id 5 again, newer, on the last page) is one row,
     # its newest version, even when its copies fall into different batches.
     moved = orjson.dumps(
@@ -59,7 +60,9 @@ def test_batches_give_the_one_pass_result() -> None:
     whole, whole_fields = normalize_with_fields(
         FetchResult(documents=documents), source(), synced_at=SYNCED_AT, known_fields=["id"]
     )
-    frame, fields = streamed(documents, batch_bytes=1, known=["id"])  # one batch per page
+    # Full batches go to the worker; what is left when the walk ends is done on this thread.
+    size = pages_per_batch * len(documents[0])
+    frame, fields = streamed(documents, batch_bytes=size, known=["id"])
     assert frame.height == 30
     assert frame.filter(frame["id"] == 5)["title"].to_list() == ["item 5, edited"]
     assert_frame_equal(frame, whole)
@@ -79,6 +82,11 @@ def test_a_bad_record_in_a_later_batch_is_named_by_its_place_in_the_whole_fetch(
     bad = orjson.dumps([{"id": "seven", "updated_at": "2026-01-01T00:00:00Z"}])
     with pytest.raises(PayloadError, match="document 3 record #0"):
         streamed([page(0, 5), page(5, 5), bad], batch_bytes=1)
+    # The first bad record is reported even when a later one fails first (the last batch,
+    # normalized after the walk, can finish before the worker's batch).
+    worse = orjson.dumps([{"title": "no key", "updated_at": "2026-01-01T00:00:00Z"}])
+    with pytest.raises(PayloadError, match="document 1 record #0"):
+        streamed([bad, page(0, 5), worse], batch_bytes=len(bad) + len(page(0, 5)))
 
 
 def test_a_source_that_ignores_the_sink_is_normalized_from_its_result() -> None:
