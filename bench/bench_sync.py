@@ -7,8 +7,10 @@ like any real API (``--server thread`` runs it on a thread of this process inste
   ``Link`` header and ``orjson.loads`` each body. This is the floor for any sync.
 * Phase B, full sync: ``run_sync`` of the ``demo_issues`` source from ``watches.yaml`` (snapshot,
   same endpoint and ``per_page``) into a fresh warehouse: every row is an insert. The time is
-  split into fetch (``RestSource.fetch``), ``normalize()`` and the rest (diff, writes, commit,
-  bookkeeping), by timing the real calls inside ``run_sync``.
+  split into the walk (``RestSource.fetch``, while a worker thread normalizes the pages it
+  hands over), what normalization has left when the walk ends
+  (``StreamingNormalizer.finish``) and the rest (diff, writes, commit, bookkeeping), by timing
+  the real calls inside ``run_sync``.
 * A and B run alternately ``--rounds`` times (default 2, each B on a fresh warehouse); the best
   of each is reported, so noise affects both alike.
 * Phase C, on the last warehouse: a second sync with no upstream change (asserts 0 changes),
@@ -16,9 +18,9 @@ like any real API (``--server thread`` runs it on a thread of this process inste
   (asserts exactly those).
 
 Peak RSS (``ru_maxrss``, a high-water mark for this process; with ``--server thread`` the
-tracker's memory counts too) is printed
-after each phase. The last lines compare rows/s of full sync with fetch-only and print
-``TARGET MET`` when full sync reaches at least half the fetch-only rate, else ``TARGET MISSED``.
+tracker's memory counts too) is printed after each phase. The last lines compare rows/s of
+full sync with fetch-only and print ``TARGET MET`` when full sync reaches at least half the
+fetch-only rate, else ``TARGET MISSED``.
 
 Run from the repository root::
 
