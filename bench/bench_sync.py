@@ -11,7 +11,7 @@ like any real API (``--server thread`` runs it on a thread of this process inste
   hands over), what normalization has left when the walk ends
   (``StreamingNormalizer.finish``) and the rest (diff, writes, commit, bookkeeping), by timing
   the real calls inside ``run_sync``.
-* A and B run alternately ``--rounds`` times (default 2, each B on a fresh warehouse); the best
+* A and B run alternately ``--rounds`` times (default 3, each B on a fresh warehouse); the best
   of each is reported, so noise affects both alike.
 * Phase C, on the last warehouse: a second sync with no upstream change (asserts 0 changes),
   then a mutation of 1000 updates and 100 deletes (``POST /_demo/mutate``) and a third sync
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-page", type=int, default=100, help="page size, at most 100")
     parser.add_argument("--backend", choices=("duckdb", "postgres"), default="duckdb")
     parser.add_argument("--pg-url", default=DEFAULT_PG_URL, help="default: %(default)s")
-    parser.add_argument("--rounds", type=int, default=2, help="A/B alternations (default: 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="A/B alternations (default: 3)")
     parser.add_argument("--seed", type=int, default=1, help="tracker seed (default: 1)")
     parser.add_argument(
         "--server",
