@@ -14,6 +14,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import polars as pl
 import pyarrow as pa
 
+from warehouse.statements import literal, quote
+
 __all__ = [
     "DEFAULT_URL",
     "DuckDBWarehouse",
@@ -69,7 +71,7 @@ class Warehouse(ABC):
         """Stage ``frame`` as ``name`` for a ``with`` block; yields the quoted table name."""
         self.stage(name, frame)
         try:
-            yield '"' + name.replace('"', '""') + '"'
+            yield quote(name)
         except BaseException:
             # Inside a failed transaction the drop fails too; the first error is the one
             # worth reporting, and the rollback takes the temporary table with it.
@@ -124,13 +126,13 @@ class DuckDBWarehouse(Warehouse):
         self._con = duckdb.connect()
         try:
             self._con.execute(
-                f"ATTACH {_literal(str(self.path))} AS {_ident(catalog)} "
+                f"ATTACH {literal(str(self.path))} AS {quote(catalog)} "
                 f"(ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
             )
         except duckdb.IOException as error:
             self._con.close()
             raise WarehouseError(f"cannot open DuckDB file {self.path}: {error}") from error
-        self._con.execute(f"USE {_ident(catalog)}")
+        self._con.execute(f"USE {quote(catalog)}")
         # Timestamps leave as UTC whatever the machine's zone, so both backends read the same.
         self._con.execute("SET TimeZone = 'UTC'")
 
@@ -291,14 +293,6 @@ def describe_url(url: str) -> str:
     if parts.port:
         netloc = f"{netloc}:{parts.port}"
     return urlunsplit(parts._replace(netloc=netloc))
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:

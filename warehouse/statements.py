@@ -8,7 +8,7 @@ import sqlglot
 
 import sql
 
-__all__ = ["quote", "render"]
+__all__ = ["literal", "quote", "render"]
 
 
 def quote(identifier: str) -> str:
@@ -18,6 +18,15 @@ def quote(identifier: str) -> str:
     ('"issues"', '"we""ird"')
     """
     return '"' + identifier.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """A single-quoted string literal, for the few statements that take no parameters.
+
+    >>> literal("it's.duckdb")
+    "'it''s.duckdb'"
+    """
+    return "'" + text.replace("'", "''") + "'"
 
 
 def render(name: str, dialect: str, **fragments: str) -> str:

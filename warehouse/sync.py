@@ -500,7 +500,8 @@ def _write_changes(
                     evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
                 )
             )
-    change_log = quote(changes_table(config.table))
+    change_table = changes_table(config.table)
+    change_log = quote(change_table)
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
     log = (
         _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at)
@@ -512,7 +513,7 @@ def _write_changes(
         .drop("_order")
     )
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    if wh.bulk_load(changes_table(config.table), log):
+    if wh.bulk_load(change_table, log):
         return
     with wh.staged("cw_changes", log) as stage:
         wh.execute(
