@@ -53,8 +53,27 @@ def cursor_param(cursor: str, incremental: Incremental) -> str | int:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+# URLs that httpx would leave exactly as written: lowercase http(s) scheme and host, no
+# userinfo, no dot segments or fragment, and only characters that need no quoting. Most next
+# links are such URLs, and parsing each one into an ``httpx.URL`` costs about 0.1 ms a page.
+_PLAIN_URL = re.compile(
+    r"https?://[a-z0-9\-]+(?:\.[a-z0-9\-]+)*(?::(?P<port>[1-9][0-9]{0,4}))?"
+    r"(?:/[A-Za-z0-9\-_~!$'()*+,;=:@/]*)?"
+    r"(?:\?(?:[A-Za-z0-9\-._~!$'()*+,;=:@/?&]|%[0-9A-Fa-f]{2})*)?"
+)
+
+
 def request_key(request: PageRequest, secret_params: Iterable[str] = ()) -> str:
-    """The key a page's validator is stored under: its URL, without credentials."""
+    """The key a page's validator is stored under: its URL, without credentials.
+
+    >>> request_key(PageRequest("https://api.example.com/items?page=2", {}))
+    'https://api.example.com/items?page=2'
+    >>> request_key(PageRequest("https://u:pw@API.example.com:443/items", {"page": 1}))
+    'https://api.example.com/items?page=1'
+    """
+    plain = _PLAIN_URL.fullmatch(request.url)
+    if plain and not request.params and not secret_params and plain["port"] not in ("80", "443"):
+        return request.url
     url = httpx.URL(request.url)
     if request.params:
         url = url.copy_merge_params(request.params)
