@@ -45,6 +45,9 @@ class Warehouse(ABC):
     """One connection, used by one thread; every write goes through ``transaction()``."""
 
     dialect: str
+    # Storage clause for a source table's raw payload column, after its type (backend DDL
+    # that portable SQL cannot say).
+    raw_storage: str = ""
 
     @abstractmethod
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
@@ -112,6 +115,9 @@ class DuckDBWarehouse(Warehouse):
     """A DuckDB file. One process may write it at a time (Dagster pools enforce that)."""
 
     dialect = "duckdb"
+    # Raw payloads are most of a table's bytes and rarely read: zstd stores them in about 60%
+    # of the space DuckDB's default string compression takes, and writes them faster.
+    raw_storage = " USING COMPRESSION zstd"
 
     def __init__(self, path: str | Path) -> None:
         import duckdb

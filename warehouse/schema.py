@@ -88,15 +88,15 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
         for name, spec in config.columns.items()
         for prefix in ("old_", "new_")
     )
-    wh.execute(
-        render(
-            "create_entity",
-            wh.dialect,
-            table=quote(table),
-            column_defs=column_defs,
-            primary_key=", ".join(quote(k) for k in config.primary_key),
-        )
+    create_entity = render(
+        "create_entity",
+        wh.dialect,
+        table=quote(table),
+        column_defs=column_defs,
+        primary_key=", ".join(quote(k) for k in config.primary_key),
     )
+    # After transpiling: sqlglot knows no column storage clauses.
+    wh.execute(create_entity.replace(" _raw JSON,", f" _raw JSON{wh.raw_storage},", 1))
     wh.execute(render("create_changes", wh.dialect, changes=quote(changes), value_defs=value_defs))
     added = _add_missing_columns(
         wh, table, {n: SQL_TYPES[s.type] for n, s in config.columns.items()}

@@ -218,3 +218,17 @@ def test_concurrent_syncs_of_one_source_do_not_duplicate(demo_api: DemoAPIServer
     finally:
         with connect(url) as wh, wh.transaction():
             wh.execute(f"DROP SCHEMA {url.rsplit('=', 1)[1]} CASCADE")
+
+
+def test_duckdb_stores_raw_payloads_with_zstd(tmp_path, demo_api: DemoAPIServer) -> None:
+    with connect(f"duckdb:///{tmp_path / 'w.duckdb'}") as wh:
+        run_sync(wh, demo_source(demo_api))
+        wh.execute("CHECKPOINT")
+        compression = wh.fetch(
+            "SELECT DISTINCT column_name, compression FROM pragma_storage_info('issues') "
+            "WHERE column_name IN ('_raw', 'title') AND segment_type <> 'VALIDITY'"
+        )
+        # Only the raw payload: typed columns keep DuckDB's choice.
+        assert ("_raw", "ZSTD") in compression and ("title", "ZSTD") not in compression
+        payload = wh.fetch("SELECT _raw->>'title' FROM issues WHERE number = 1")
+        assert payload == [(demo_api.tracker.get(1)["title"],)]
