@@ -24,6 +24,9 @@ __all__ = ["BATCH_BYTES", "StreamingNormalizer"]
 # when the walk ends (about 20,000 GitHub-sized records).
 BATCH_BYTES = 8 << 20
 
+# A batch to normalize: its documents, their records path, the first one's number in the fetch.
+_Job = tuple[list[bytes], str | None, int]
+
 
 class StreamingNormalizer:
     """Takes a fetch's documents as they arrive (``add``) and normalizes them in batches.
@@ -48,9 +51,11 @@ class StreamingNormalizer:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._records_path: str | None = None
-        self._batches: list[Future[Batch]] = []
+        # Each batch handed to the worker, with what it was given (to take it back, unstarted).
+        self._batches: list[tuple[Future[Batch], _Job]] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="normalize")
-        # One in-memory DuckDB for every batch, only ever used by the one worker thread.
+        # One single-threaded in-memory DuckDB for every batch; the worker uses this
+        # connection, the calling thread (when the walk is over) a cursor of it.
         self._duckdb = duckdb.connect(config={"threads": 1})
 
     def __enter__(self) -> StreamingNormalizer:
@@ -67,7 +72,7 @@ class StreamingNormalizer:
 
     def add(self, document: bytes, records_path: str | None) -> None:
         """One document of the fetch, in arrival order (a connector's ``sink``)."""
-        for batch in self._batches:
+        for batch, _ in self._batches:
             if batch.done() and batch.exception() is not None:
                 batch.result()  # raises: no point walking on
         if self._pending and records_path != self._records_path:
@@ -97,24 +102,40 @@ class StreamingNormalizer:
                 f"source {self.config.name!r}: the connector passed {self.received} documents "
                 f"to its sink but returned {len(fetched.documents)}"
             )
-        # The walk is over: the last documents are normalized here, on this thread, while the
-        # worker may still be busy with the batch before them (two cores, two batches at once).
-        last = self._take_pending()
+        # The walk is over. The worker goes on with its queue from the front; this thread
+        # takes the last documents, then the batches the worker has not started, from the back:
+        # two cores on what is left, with no batch normalized twice.
+        jobs = [job for _, job in self._batches]
+        mine: dict[int, Batch | Exception] = {}
+        with self._duckdb.cursor() as cursor:
+            last = self._take_pending()
+            if last[0]:
+                jobs.append(last)
+                mine[len(jobs) - 1] = self._attempt(last, cursor)
+            for index in reversed(range(len(self._batches))):
+                if not self._batches[index][0].cancel():
+                    break  # running or done: so is every batch before it
+                mine[index] = self._attempt(jobs[index], cursor)
+        batches = []
+        for index in range(len(jobs)):  # in order: the first bad record is the one reported
+            done = mine[index] if index in mine else self._batches[index][0].result()
+            if isinstance(done, Exception):
+                raise done
+            batches.append(done)
+        return finish_batches(batches, self.config, synced_at=synced_at)
+
+    def _attempt(self, job: _Job, connection: duckdb.DuckDBPyConnection) -> Batch | Exception:
         try:
-            tail = [self._normalize(*last, connection=None)] if last[0] else []
-        except Exception:
-            for future in self._batches:
-                future.result()  # a bad record in an earlier batch is the one to report
-            raise
-        batches = [future.result() for future in self._batches]
-        return finish_batches([*batches, *tail], self.config, synced_at=synced_at)
+            return self._normalize(*job, connection)
+        except Exception as error:  # noqa: BLE001 - raised in order by finish
+            return error
 
     def _submit(self) -> None:
         if self._pending:
-            pending = self._take_pending()
-            self._batches.append(self._pool.submit(self._normalize, *pending, self._duckdb))
+            job = self._take_pending()
+            self._batches.append((self._pool.submit(self._normalize, *job, self._duckdb), job))
 
-    def _take_pending(self) -> tuple[list[bytes], str | None, int]:
+    def _take_pending(self) -> _Job:
         """The documents waiting for a batch, their records path and the first one's number."""
         documents, first = self._pending, self.received - len(self._pending)
         self._pending, self._pending_bytes = [], 0
@@ -125,7 +146,7 @@ class StreamingNormalizer:
         documents: list[bytes],
         records_path: str | None,
         first: int,
-        connection: duckdb.DuckDBPyConnection | None,
+        connection: duckdb.DuckDBPyConnection,
     ) -> Batch:
         return normalize_batch(
             documents,
