@@ -152,12 +152,8 @@ class DuckDBWarehouse(Warehouse):
         return pl.from_arrow(self._con.sql(sql, params=list(params)).to_arrow_table())
 
     def stage(self, name: str, frame: pl.DataFrame) -> None:
-        # A registered Arrow view: DuckDB scans it in place, nothing is copied or written. In
-        # row-group-sized record batches, so every core scans, casts and compresses a share of
-        # a bulk write (one batch would keep it on one thread).
-        table = frame.to_arrow()
-        batches = table.to_batches(max_chunksize=ROW_GROUP_ROWS)
-        self._con.register(name, pa.Table.from_batches(batches, schema=table.schema))
+        # A registered Arrow view: DuckDB scans it in place, nothing is copied or written.
+        self._con.register(name, _record_batches(frame))
 
     def unstage(self, name: str) -> None:
         self._con.unregister(name)
@@ -214,7 +210,7 @@ class PostgresWarehouse(Warehouse):
         return pl.from_arrow(self._cur.fetch_arrow_table())
 
     def stage(self, name: str, frame: pl.DataFrame) -> None:
-        self._cur.adbc_ingest(name, frame.to_arrow(), mode="create", temporary=True)
+        self._cur.adbc_ingest(name, _record_batches(frame), mode="create", temporary=True)
 
     def unstage(self, name: str) -> None:
         self._cur.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')
@@ -222,7 +218,7 @@ class PostgresWarehouse(Warehouse):
     def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a
         # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
-        self._cur.adbc_ingest(table, frame.to_arrow(), mode="append")
+        self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
         return True
 
     def lock(self, key: str) -> None:
@@ -241,6 +237,17 @@ class PostgresWarehouse(Warehouse):
     def close(self) -> None:
         self._cur.close()
         self._con.close()
+
+
+def _record_batches(frame: pl.DataFrame) -> pa.Table:
+    """``frame`` as Arrow in row-group-sized record batches.
+
+    DuckDB scans, casts and compresses the batches on every core (one batch would keep a bulk
+    write on one thread); PostgreSQL's binary COPY is sent batch by batch, so the server
+    stores one while the driver encodes the next.
+    """
+    table = frame.to_arrow()
+    return pa.Table.from_batches(table.to_batches(max_chunksize=ROW_GROUP_ROWS), table.schema)
 
 
 def connect(url: str | None = None) -> Warehouse:
