@@ -29,11 +29,25 @@ from warehouse.backends import Warehouse
 from warehouse.schema import changes_table, ensure_evaluation_tables
 from warehouse.statements import quote, render
 
-__all__ = ["EvaluationStats", "condition_version", "dedupe_key", "evaluate_watch"]
+__all__ = [
+    "MAX_FILTER_ERRORS",
+    "EvaluationStats",
+    "FilterRuntimeError",
+    "condition_version",
+    "dedupe_key",
+    "evaluate_watch",
+]
 
 _TEMPLATES = SandboxedEnvironment(autoescape=False)
 # After this many judge failures in a row, the rest of the run treats the judge as down.
 _BREAKER = 3
+# A filter that fails on more changes than this in one run is broken, not fed a few odd values:
+# the evaluation fails (every change waits for the fix) rather than hold changes one by one.
+MAX_FILTER_ERRORS = 20
+
+
+class FilterRuntimeError(Exception):
+    """A watch's filter fails on many changes' values: the filter needs fixing."""
 
 
 @dataclass
@@ -50,6 +64,8 @@ class EvaluationStats:
     held: int = 0
     dropped: int = 0
     judge_errors: int = 0
+    # Changes the filter failed on (their values broke it at run time): held, retried each run.
+    filter_errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_s: float = 0.0
@@ -119,6 +135,13 @@ def evaluate_watch(
         stats.changes_read += changes.height
         if changes.is_empty():
             continue
+        failed = changes.filter(pl.col("_filter_error").is_not_null())
+        for change_id, key, message in failed.select(
+            "change_id", "object_key", "_filter_error"
+        ).iter_rows():
+            stats.notes.append(
+                f"the filter failed on {name} change {change_id} (object {key}), held: {message}"
+            )
         passed = changes.filter(pl.col("_passed"))
         stats.passed_filter += passed.height
         verdicts: dict[int, _Decision] = {}
@@ -160,13 +183,87 @@ def _candidates(
                 render("upsert_watch_state", wh.dialect),
                 (watch.name, source.name, watermark, None, datetime.now(UTC)),
             )
-    statement = render(
-        "select_candidate_changes",
-        wh.dialect,
-        changes=quote(changes_table(source.table)),
-        filter=compiled.to_sql(wh.dialect, alias="c"),  # type: ignore[arg-type]
+    params = (watermark, watch.name, source.name)
+    try:
+        # A transaction of its own: on PostgreSQL a failed statement spoils the one it is in.
+        with wh.transaction():
+            return wh.fetch_frame(
+                _candidates_sql(wh, source, compiled.to_sql(wh.dialect, alias="c")),  # type: ignore[arg-type]
+                params,
+            ).with_columns(pl.lit(None, pl.String).alias("_filter_error"))
+    except Exception as error:  # noqa: BLE001 - maybe the filter failed on some change's values
+        return _isolate_filter_errors(wh, watch, source, compiled, params, error)
+
+
+def _candidates_sql(wh: Warehouse, source: SourceBase, condition: str) -> str:
+    changes = quote(changes_table(source.table))
+    return render("select_candidate_changes", wh.dialect, changes=changes, filter=condition)
+
+
+def _isolate_filter_errors(
+    wh: Warehouse,
+    watch: Watch,
+    source: SourceBase,
+    compiled: CompiledFilter,
+    params: tuple[Any, ...],
+    error: Exception,
+) -> pl.DataFrame:
+    """The candidates, when the filter failed at run time: the changes it fails on are held.
+
+    A filter checked at load can still fail on values (a cast of a text that is no number,
+    a division by zero on PostgreSQL). The filter is run on halves of a failing id range until
+    each failure is pinned to one change; those get ``_filter_error``, the rest their verdict,
+    so a few odd changes do not stop the watch. Raises ``FilterRuntimeError`` when the filter
+    fails on more than ``MAX_FILTER_ERRORS`` changes, and the first error again when the
+    failure was not the filter's (it then passes on every change).
+    """
+    with wh.transaction():
+        # If this fails as well, the warehouse is the problem: that error propagates.
+        candidates = wh.fetch_frame(_candidates_sql(wh, source, "NULL"), params)
+    ids = candidates.get_column("change_id").to_list()
+    changes = quote(changes_table(source.table))
+    condition = compiled.to_sql(wh.dialect, alias="c")  # type: ignore[arg-type]
+    statement = render("select_filter_range", wh.dialect, changes=changes, filter=condition)
+    passed: set[int] = set()
+    failed: dict[int, str] = {}
+    ranges = [(0, len(ids))]  # [start, end) positions in ids, a stack: lowest ids first
+    while ranges:
+        start, end = ranges.pop()
+        try:
+            with wh.transaction():
+                rows = wh.fetch(statement, (ids[start], ids[end - 1]))
+        except Exception as range_error:  # noqa: BLE001 - narrowed down below
+            if end - start > 1:
+                middle = (start + end) // 2
+                ranges += [(middle, end), (start, middle)]
+                continue
+            failed[ids[start]] = _first_line(range_error)
+            if len(failed) > MAX_FILTER_ERRORS:
+                raise FilterRuntimeError(
+                    f"watch {watch.name!r}: its filter fails on more than {MAX_FILTER_ERRORS} "
+                    f"changes of {source.name!r} (change {ids[start]}: "
+                    f"{failed[ids[start]]}); fix `where: {watch.where}`: the changes wait"
+                ) from range_error
+            continue
+        passed.update(change_id for change_id, ok in rows if ok)
+    if not failed:
+        raise error
+    return candidates.with_columns(
+        pl.col("change_id").is_in(list(passed)).alias("_passed"),
+        pl.col("change_id")
+        .replace_strict(failed, default=None, return_dtype=pl.String)
+        .alias("_filter_error"),
     )
-    return wh.fetch_frame(statement, (watermark, watch.name, source.name))
+
+
+def _first_line(error: Exception) -> str:
+    """The database's own words: the first line, without the PostgreSQL driver's prefix.
+
+    >>> _first_line(Exception('INVALID_DATA: [libpq] ... ERROR:  invalid input "x"\\nDETAIL'))
+    'invalid input "x"'
+    """
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return line.rpartition("ERROR:")[2].strip()[:500]
 
 
 def _content_hash(row: Mapping[str, Any]) -> str:
@@ -356,7 +453,11 @@ def _decide(
         "kind",
         pl.coalesce("new_hash", "old_hash").alias("content_hash"),
         pl.lit(False).alias("passed_filter"),
-        pl.lit("skip").alias("decision"),
+        pl.when(pl.col("_filter_error").is_null())
+        .then(pl.lit("skip"))
+        .otherwise(pl.lit("filter_error"))
+        .alias("decision"),
+        pl.col("_filter_error").alias("filter_error"),
         pl.lit(evaluated_at).alias("evaluated_at"),
     )
     rows, notifications = [], []
@@ -381,6 +482,7 @@ def _decide(
             "model": judge.model if judge else None,
             "judge_version": judge_version(judge) if judge else None,
             "judge_error": judged.error,
+            "filter_error": None,
             "cache_hit": judged.cache_hit if judge else None,
             "prompt_tokens": outcome.prompt_tokens if outcome else None,
             "completion_tokens": outcome.completion_tokens if outcome else None,
@@ -449,6 +551,7 @@ _EVALUATION_SCHEMA = {
     "model": pl.String,
     "judge_version": pl.String,
     "judge_error": pl.String,
+    "filter_error": pl.String,
     "cache_hit": pl.Boolean,
     "prompt_tokens": pl.Int32,
     "completion_tokens": pl.Int32,
@@ -517,6 +620,7 @@ def _commit(
         )
         stats.held += evaluations.filter(pl.col("decision") == "held").height
         stats.dropped += evaluations.filter(pl.col("decision") == "dropped").height
+        stats.filter_errors += evaluations.filter(pl.col("decision") == "filter_error").height
         with wh.staged("cw_evaluations", evaluations) as stage:
             wh.execute(render("upsert_evaluations_staged", wh.dialect, stage=stage))
         wh.execute(

@@ -65,6 +65,8 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
                 f"({watch.judge.on_unavailable if watch.judge else ''} policy) or the per-run "
                 "call cap was reached; they are evaluated again next run"
             )
+        for note in stats.notes:
+            context.log.warning(f"{watch.name}: {note}")
         context.log.info(
             f"{watch.name}: read {stats.changes_read}, passed filter {stats.passed_filter}, "
             f"judged {stats.judged} (cache hits {stats.judge_cache_hits}), notified "
@@ -77,6 +79,7 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
                 "judged": stats.judged,
                 "judge_cache_hits": stats.judge_cache_hits,
                 "judge_errors": stats.judge_errors,
+                "filter_errors": stats.filter_errors,
                 "notified": stats.notified,
                 "suppressed_duplicates": stats.suppressed_duplicates,
                 "held": stats.held,

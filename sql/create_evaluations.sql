@@ -10,6 +10,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     passed_filter BOOLEAN NOT NULL,
     -- notify | skip (filter or judge said no) | held (judge unavailable, retried later)
     -- | dropped (judge unavailable, policy drop) | duplicate (already notified)
+    -- | filter_error (the filter failed on this change's values; retried every run)
     decision TEXT NOT NULL,
     should_notify BOOLEAN,
     urgency TEXT,
@@ -19,6 +20,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     model TEXT,
     judge_version TEXT,
     judge_error TEXT,
+    filter_error TEXT,
     cache_hit BOOLEAN,
     prompt_tokens INTEGER,
     completion_tokens INTEGER,

@@ -64,6 +64,7 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
         "create_deliveries",
     ):
         wh.execute(render(name, wh.dialect))
+    _add_missing_columns(wh, "evaluations", {"filter_error": "TEXT"})
 
 
 def ensure_delivery_tables(wh: Warehouse) -> None:

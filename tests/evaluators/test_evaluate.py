@@ -285,3 +285,58 @@ def test_concurrent_evaluations_never_duplicate(demo_api: DemoAPIServer) -> None
     finally:
         with connect(url) as wh, wh.transaction():
             wh.execute(f"DROP SCHEMA {url.rsplit('=', 1)[1]} CASCADE")
+
+
+def filter_watch(where: str) -> Watch:
+    return Watch(name="odd", sources=["demo_issues"], where=where, channels=[])
+
+
+def evaluations(url: str) -> dict[int, dict[str, Any]]:
+    with connect(url) as wh:
+        rows = wh.fetch_frame("SELECT * FROM evaluations").to_dicts()
+    return {int(row["object_key"]): row for row in rows}
+
+
+def test_a_filter_failing_on_some_values_holds_those_changes_and_settles_the_rest(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    # Loads fine, fails at run time on issues 3 and 17 alone: their titles are no numbers.
+    odd = "CASE WHEN number IN (3, 17) THEN CAST(title AS integer) > 0 ELSE 'bug' IN labels END"
+    bugs = {i["number"] for i in demo_api.tracker.snapshot() if {"name": "bug"} in i["labels"]}
+    sync(warehouse_url, source)
+
+    first = evaluate(warehouse_url, filter_watch(odd), source)
+    assert (first.changes_read, first.filter_errors) == (40, 2)
+    assert first.notified == len(bugs - {3, 17})
+    assert len(first.notes) == 2 and any("(object 3), held" in note for note in first.notes)
+    rows = evaluations(warehouse_url)
+    assert {n for n, row in rows.items() if row["decision"] == "filter_error"} == {3, 17}
+    assert demo_api.tracker.get(3)["title"] in rows[3]["filter_error"]  # the value, named
+    assert rows[4]["filter_error"] is None
+
+    # Held, not settled: they come back every run while the filter still fails on them.
+    again = evaluate(warehouse_url, filter_watch(odd), source)
+    assert (again.changes_read, again.filter_errors, again.notified) == (2, 2, 0)
+
+    # Once the filter is fixed they are evaluated like any other change, and only once.
+    fixed = filter_watch("'bug' IN labels")
+    after_fix = evaluate(warehouse_url, fixed, source)
+    assert (after_fix.changes_read, after_fix.filter_errors) == (2, 0)
+    assert after_fix.notified == len(bugs & {3, 17})
+    assert evaluate(warehouse_url, fixed, source).changes_read == 0
+    assert sorted(outbox(warehouse_url)["object_key"].cast(int)) == sorted(bugs)
+
+
+def test_a_filter_failing_on_every_change_fails_and_keeps_them_waiting(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    from evaluators.evaluate import FilterRuntimeError
+
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    with pytest.raises(FilterRuntimeError, match=r"watch 'odd': its filter fails on more than"):
+        evaluate(warehouse_url, filter_watch("CAST(title AS integer) > 0"), source)
+    assert evaluations(warehouse_url) == {}
+    fixed = evaluate(warehouse_url, filter_watch("'bug' IN labels"), source)
+    assert (fixed.changes_read, fixed.filter_errors) == (40, 0)
