@@ -89,6 +89,21 @@ def test_a_bad_record_in_a_later_batch_is_named_by_its_place_in_the_whole_fetch(
         streamed([bad, page(0, 5), worse], batch_bytes=len(bad) + len(page(0, 5)))
 
 
+def test_batches_the_worker_has_not_started_are_shared_when_the_walk_ends() -> None:
+    # Forty one-page batches queue up at once: the worker takes them from the front while
+    # this thread takes them from the back. Whoever did which, the result is the one pass's,
+    # and the first bad record (an early batch) is the one reported, not a later one.
+    documents = [page(10 * n, 10) for n in range(40)]
+    whole = normalize_with_fields(
+        FetchResult(documents=documents), source(), synced_at=SYNCED_AT, known_fields=["id"]
+    )
+    assert_frame_equal(streamed(documents, batch_bytes=1, known=["id"])[0], whole[0])
+    bad = orjson.dumps([{"id": "seven", "updated_at": "2026-01-01T00:00:00Z"}])
+    worse = orjson.dumps([{"title": "no key", "updated_at": "2026-01-01T00:00:00Z"}])
+    with pytest.raises(PayloadError, match="document 3 record #0"):
+        streamed([*documents[:2], bad, *documents[2:], worse], batch_bytes=1)
+
+
 def test_a_source_that_ignores_the_sink_is_normalized_from_its_result() -> None:
     documents = [page(0, 10), page(10, 10)]
     with StreamingNormalizer(source()) as pages:
