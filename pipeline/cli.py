@@ -176,6 +176,12 @@ def summarize(asset: str, meta: dict) -> str:
             f"the filter, {meta['judged']} judged ({meta['judge_cache_hits']} cached), "
             f"{meta['notified']} notified, {meta['suppressed_duplicates']} duplicate(s), "
             f"{meta['held']} held"
+            + (
+                f"; the filter FAILED on {meta['filter_errors']} change(s), held (see the run's "
+                "warnings and evaluations.filter_error)"
+                if meta.get("filter_errors")
+                else ""
+            )
         )
     if "sent" in meta:
         return (

@@ -108,3 +108,34 @@ def test_definitions_validate_on_the_example_config(tmp_path: Path) -> None:
         timeout=180,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_a_filter_failing_on_some_changes_fails_no_run(
+    warehouse_url: str,
+    demo_env: DemoAPIServer,
+    llm: FakeOpenAIServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm.base_url)
+    path = Path(os.environ["CHANGEWATCH_CONFIG"])
+    settings = yaml.safe_load(path.read_text())
+    # Loads fine; fails at run time on issues 3 and 17, whose titles are no numbers.
+    settings["watches"].append(
+        {
+            "name": "odd",
+            "source": "demo_issues",
+            "where": "CASE WHEN number IN (3, 17) THEN CAST(title AS integer) > 0 ELSE FALSE END",
+            "channels": ["console"],
+        }
+    )
+    path.write_text(yaml.safe_dump(settings))
+    config = load_config()
+    with dg.instance_for_test() as instance:
+        result = materialize(config, source_job_assets(config, ["demo_issues"]), instance)
+    # The run succeeds: the other watches notify and delivery runs after them.
+    assert result["eval_odd"]["filter_errors"] == 2
+    assert result["eval_new_bugs"]["notified"] == len(labelled(demo_env, "bug"))
+    assert result["notifications"]["sent"] >= len(labelled(demo_env, "bug"))
