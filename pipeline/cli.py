@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 
 from pipeline.assets import FULL_TAG, SILENT_TAG
 from pipeline.config import ChangewatchConfig, ConfigError, load_config
+from pipeline.maintenance import RETENTION_ASSET
 from pipeline.resources import WAREHOUSE_URL_ENV
 from pipeline.runner import instance, materialize, source_job_assets, sync_tags
 
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api.add_argument("--seed", type=int, default=7)
 
     commands.add_parser("validate", help="load and check the watches file")
+    commands.add_parser("prune", help="apply the retention settings now")
 
     query = commands.add_parser("sql", help="run a read-only SQL query on the warehouse")
     query.add_argument("query")
@@ -89,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _digest(config, args.name, args.day)
         if args.command == "release":
             return _release(config, args.source, discard=args.discard)
+        if args.command == "prune":
+            return _prune(config)
         return _sync(config, args.sources, silent=args.silent, full=args.full)
     except ConfigError as error:
         print(f"changewatch: invalid config\n{error}", file=sys.stderr)
@@ -123,6 +127,15 @@ def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
         count = release_changes(wh, config.source(source), discard=discard)
     what = "discarded (marked silent)" if discard else "released to the watches"
     print(f"{source}: {count} held change(s) {what}")
+    return 0
+
+
+def _prune(config: ChangewatchConfig) -> int:
+    if not config.retention.enabled:
+        print("changewatch: no retention is configured (see `retention:` in the README)")
+        return 2
+    for asset, meta in materialize(config, [RETENTION_ASSET], instance()).items():
+        print(summarize(asset, meta))
     return 0
 
 
@@ -187,6 +200,12 @@ def summarize(asset: str, meta: dict) -> str:
         return (
             f"{asset}: {meta['sent']} delivered, {meta['retrying']} to retry, "
             f"{meta['dead_lettered']} dead-lettered"
+        )
+    if "changes_deleted" in meta:
+        return (
+            f"{asset}: {meta['changes_deleted']} change(s) and {meta['evaluations_deleted']} "
+            f"evaluation(s) deleted, {meta['sync_runs_deleted']} sync run record(s) deleted, "
+            f"{meta['notifications_cleared']} notification(s) cleared"
         )
     if "status" in meta:
         files = f" -> {meta['files']}" if meta.get("files") else ""

@@ -19,6 +19,7 @@ from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig, Fil
 from evaluators.config import Watch
 from evaluators.filters import CompiledFilter, FilterError, check_filter_runs, compile_filter
 from sources import SourceConfig
+from warehouse.retention import RetentionConfig
 
 __all__ = [
     "CONFIG_ENV",
@@ -50,6 +51,7 @@ class ChangewatchConfig(BaseModel):
     channels: list[ChannelConfig] = Field(default_factory=list)
     watches: list[Watch] = Field(default_factory=list)
     digests: list[DigestConfig] = Field(default_factory=list)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @model_validator(mode="after")
     def _unique_names(self) -> ChangewatchConfig:
@@ -77,6 +79,13 @@ class ChangewatchConfig(BaseModel):
                 columns={c: spec.type for c, spec in self.source(name).columns.items()},
             )
             for name in watch.sources
+        }
+
+    def watches_by_source(self) -> dict[str, list[str]]:
+        """Each source's name -> the names of the watches that read it."""
+        return {
+            source.name: [w.name for w in self.watches if source.name in w.sources]
+            for source in self.sources
         }
 
     def channel(self, name: str) -> ChannelConfig:
@@ -175,6 +184,10 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             value = getattr(source, key)
             if value is not None and not is_valid_cron_string(value):
                 problems.append((("sources", i, key), f"{value!r} is not a valid cron schedule"))
+    if not is_valid_cron_string(config.retention.cron):
+        problems.append(
+            (("retention", "cron"), f"{config.retention.cron!r} is not a valid cron schedule")
+        )
     for i, digest in enumerate(config.digests):
         if not is_valid_cron_string(digest.cron):
             problems.append(

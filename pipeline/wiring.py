@@ -9,6 +9,7 @@ import dagster as dg
 
 from pipeline.assets import SOURCE_TAG, sync_asset
 from pipeline.config import ChangewatchConfig
+from pipeline.maintenance import retention_asset, retention_schedule
 from pipeline.resources import JudgeResource, warehouse_resource
 from pipeline.sensors import cron_schedule, sweep_schedule, sync_job_name, sync_sensor
 from pipeline.watch_assets import (
@@ -76,9 +77,15 @@ def build_definitions(
         _digest_schedule(digest, job)
         for digest, job in zip(config.digests, digest_jobs, strict=True)
     ]
+    maintenance_jobs = []
+    if config.retention.enabled:
+        assets.append(retention_asset(config))
+        retention_job, schedule = retention_schedule(config)
+        maintenance_jobs.append(retention_job)
+        schedules.append(schedule)
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()) + digest_jobs,
+        jobs=list(jobs.values()) + digest_jobs + maintenance_jobs,
         sensors=sensors,
         schedules=schedules,
         resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},

@@ -235,3 +235,29 @@ def test_sql_command_reads_the_warehouse(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "42" in done.stdout
+
+
+def test_prune_command_applies_the_retention(tmp_path: Path, demo_api) -> None:
+    import yaml
+    from cw_testing import demo_source_settings
+
+    columns = {"number": "bigint", "title": "text", "updated_at": "timestamp"}
+    source = demo_source_settings(demo_api.url, columns)
+    config = tmp_path / "watches.yaml"
+    config.write_text(yaml.safe_dump({"sources": [source]}))
+    env = {
+        "CHANGEWATCH_CONFIG": str(config),
+        "CHANGEWATCH_WAREHOUSE_URL": f"duckdb:///{tmp_path / 'w.duckdb'}",
+        "DAGSTER_HOME": str(tmp_path),
+    }
+    refused = run_cli("prune", cwd=tmp_path, **env)
+    assert refused.returncode == 2 and "no retention is configured" in refused.stdout
+
+    config.write_text(
+        yaml.safe_dump({"sources": [source], "retention": {"changes": "1ms", "sync_runs": "1ms"}})
+    )
+    assert run_cli("sync", cwd=tmp_path, **env).returncode == 0
+    done = run_cli("prune", cwd=tmp_path, **env)
+    assert done.returncode == 0, done.stderr
+    # 40 inserts, no watch: all but the newest go (the next sync numbers from it).
+    assert "retention: 39 change(s) and 0 evaluation(s) deleted, 1 sync run" in done.stdout

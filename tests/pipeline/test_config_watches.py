@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pytest
 
 from pipeline.config import ConfigError, load_config
@@ -177,3 +178,31 @@ def test_broken_templates_fail_at_load(tmp_path: Path) -> None:
     )
     message = problem(path)
     assert f"{path}:19: watches[0]: title template:" in message, message
+
+
+def test_retention_gets_an_asset_and_a_schedule_and_bad_settings_are_named(
+    tmp_path: Path,
+) -> None:
+    from pipeline.wiring import build_definitions
+
+    path = write(tmp_path, "retention:\n  changes: 90d\n  sync_runs: 30d\n  cron: '0 4 * * *'\n")
+    config = load_config(path)
+    assert (config.retention.changes, config.retention.sync_runs) == (90 * 86400, 30 * 86400)
+    defs = build_definitions(config, environ={})
+    (schedule,) = [s for s in defs.schedules if s.name == "retention_schedule"]
+    assert (schedule.cron_schedule, schedule.job_name) == ("0 4 * * *", "retention_job")
+    graph = defs.resolve_asset_graph()
+    assert graph.get(dg.AssetKey("retention")).group_name == "maintenance"
+    # Without retention nothing is pruned, and there is nothing to schedule.
+    plain = build_definitions(load_config(write(tmp_path, "")), environ={})
+    assert not [s for s in plain.schedules if s.name == "retention_schedule"]
+
+    assert problem(write(tmp_path, "retention:\n  changes: forever\n")).startswith(
+        f"{path}:19: retention.changes: "
+    )
+    assert problem(write(tmp_path, "retention:\n  keep: 90d\n")).startswith(
+        f"{path}:19: retention.keep: "
+    )
+    assert problem(write(tmp_path, "retention:\n  changes: 9d\n  cron: nightly\n")) == (
+        f"{path}:20: retention.cron: 'nightly' is not a valid cron schedule"
+    )

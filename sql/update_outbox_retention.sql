@@ -1,0 +1,11 @@
+-- Retention: the content of notifications created before $1 whose every delivery is over
+-- (sent or dead-lettered). The row and its dedupe key stay, so nothing is ever sent twice.
+UPDATE outbox
+SET title = '', body = '', url = NULL, summary = NULL, payload = '{{}}'
+WHERE created_at < $1
+  AND payload <> '{{}}'
+  AND NOT EXISTS (
+      SELECT 1 FROM deliveries AS d
+      WHERE d.notification_id = outbox.notification_id AND d.status NOT IN ('sent', 'dead')
+  )
+RETURNING notification_id

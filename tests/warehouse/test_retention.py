@@ -1,0 +1,91 @@
+"""Retention on DuckDB and Postgres: old rows go, whatever a watch or a sync still needs stays."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from cw_testing import demo_source_settings
+
+from evaluators.config import Watch
+from evaluators.evaluate import evaluate_watch
+from evaluators.filters import compile_filter
+from sources.demo import DemoAPIServer
+from sources.rest import RestSource, RestSourceConfig
+from warehouse import connect
+from warehouse.retention import RetentionConfig, prune
+from warehouse.sync import run_sync
+
+COLUMNS: dict[str, Any] = {
+    "number": "bigint",
+    "title": "text",
+    "labels": {"type": "text[]", "path": "labels[].name"},
+    "updated_at": "timestamp",
+}
+DAY = 86400
+
+
+def evaluate(wh: Any, watch: Watch, source: RestSourceConfig) -> None:
+    columns = {c: s.type for c, s in source.columns.items()}
+    compiled = compile_filter(watch.where, watch=watch.name, columns=columns)
+    evaluate_watch(wh, watch, {source.name: source}, {source.name: compiled})
+
+
+def test_retention_keeps_what_watches_and_syncs_need(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = RestSourceConfig.model_validate(demo_source_settings(demo_api.url, COLUMNS))
+    watches = [
+        Watch(name="bugs", sources=["demo_issues"], where="'bug' IN labels", channels=[]),
+        # Its notifications wait for channel "x": their content must stay.
+        Watch(name="waiting", sources=["demo_issues"], where="number <= 5", channels=["x"]),
+        # Fails on issue 3's values: that change is held, so it stays with its evaluation.
+        Watch(
+            name="odd",
+            sources=["demo_issues"],
+            where="CASE WHEN number = 3 THEN CAST(title AS integer) > 0 ELSE FALSE END",
+            channels=[],
+        ),
+    ]
+    retention = RetentionConfig(changes=DAY, sync_runs=DAY, notifications=DAY)
+    names = {"demo_issues": [w.name for w in watches] + ["never_ran"]}
+    later = datetime.now(UTC) + timedelta(days=2)
+    with connect(warehouse_url) as wh:
+        run_sync(wh, RestSource(source))
+        for watch in watches:
+            evaluate(wh, watch, source)
+        demo_api.tracker.mutate(update=3)
+        run_sync(wh, RestSource(source))  # changes 41-43: no watch has read them yet
+        outbox_before = wh.fetch("SELECT count(*) FROM outbox")[0][0]
+
+        # Nothing is old yet: a prune today removes nothing.
+        assert sum(prune(wh, retention, [source], names).changes.values()) == 0
+
+        stats = prune(wh, retention, [source], names, now=later)
+        held = wh.fetch(
+            "SELECT e.change_id FROM evaluations AS e WHERE e.decision = 'filter_error'"
+        )
+        kept = [row[0] for row in wh.fetch("SELECT change_id FROM issues_changes ORDER BY 1")]
+        assert kept == [held[0][0], 41, 42, 43]
+        assert stats.changes == {"demo_issues": 39}
+        # The evaluations of the deleted changes; the held change keeps its three.
+        assert stats.evaluations == 3 * 39
+        assert wh.fetch("SELECT count(*) FROM evaluations")[0][0] == 3
+        assert stats.sync_runs == 2 and wh.fetch("SELECT count(*) FROM sync_runs")[0][0] == 0
+        # Every notification stays (its dedupe key); only finished ones lose their content.
+        assert wh.fetch("SELECT count(*) FROM outbox")[0][0] == outbox_before
+        cleared = wh.fetch("SELECT watch, count(*) FROM outbox WHERE payload = '{}' GROUP BY 1")
+        assert cleared == [("bugs", stats.notifications_cleared)]
+        assert wh.fetch("SELECT count(*) FROM outbox WHERE watch = 'waiting' AND title = ''") == [
+            (0,)
+        ]
+
+        # Idempotent, and the watches and the next sync go on where they were.
+        assert prune(wh, retention, [source], names, now=later).changes == {"demo_issues": 0}
+        demo_api.tracker.mutate(update=1)
+        sync = run_sync(wh, RestSource(source))
+        ids = wh.fetch("SELECT change_id FROM issues_changes WHERE sync_id = $1", (sync.sync_id,))
+        assert ids == [(44,)]  # numbered after the newest entry, which retention kept
+        evaluate(wh, watches[0], source)
+        new = "SELECT count(*) FROM evaluations WHERE watch = 'bugs' AND change_id > 40"
+        assert wh.fetch(new) == [(4,)]  # the three it had not read, and the new one

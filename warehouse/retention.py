@@ -1,0 +1,142 @@
+"""Retention: what the warehouse forgets once it is old and nothing needs it any more.
+
+The change log, the evaluations and the run records grow with every sync; notifications keep
+the content they carried. ``prune`` deletes what is past each configured age, under rules that
+keep every guarantee: nothing a watch has yet to evaluate, nothing held, the newest change of
+each log (its id numbers the next sync's changes), and every notification's dedupe key (only
+the content of a finished notification is cleared, so nothing is ever sent twice). Source
+tables are the current state of the source and are not pruned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from sources.base import Duration, SourceBase
+from warehouse.backends import Warehouse
+from warehouse.schema import (
+    changes_table,
+    ensure_bookkeeping,
+    ensure_delivery_tables,
+    ensure_evaluation_tables,
+    ensure_source_tables,
+)
+from warehouse.statements import quote, render
+
+__all__ = ["PruneStats", "RetentionConfig", "prune"]
+
+# The highest change id there can be: "no watch limits what may go".
+_NO_WATERMARK = 2**63 - 1
+
+
+class RetentionConfig(BaseModel):
+    """How long the warehouse keeps what grows: each age is a duration (``90d``); unset keeps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Change-log entries (and their evaluations), counted from detection (or release).
+    changes: Duration | None = None
+    # Records of finished sync runs, counted from their start.
+    sync_runs: Duration | None = None
+    # The content (title, body, summary, payload) of notifications whose deliveries are over.
+    notifications: Duration | None = None
+    # When the Dagster schedule prunes (cron, UTC).
+    cron: str = "30 3 * * *"
+
+    @field_validator("changes", "sync_runs", "notifications")
+    @classmethod
+    def _positive(cls, age: float | None) -> float | None:
+        if age is not None and age <= 0:
+            raise ValueError("an age to keep must be positive")
+        return age
+
+    @property
+    def enabled(self) -> bool:
+        return any(age is not None for age in (self.changes, self.sync_runs, self.notifications))
+
+
+@dataclass
+class PruneStats:
+    """What one prune removed; also materialization metadata."""
+
+    changes: dict[str, int] = field(default_factory=dict)  # source -> change-log entries
+    evaluations: int = 0
+    sync_runs: int = 0
+    notifications_cleared: int = 0
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "changes_deleted": sum(self.changes.values()),
+            "evaluations_deleted": self.evaluations,
+            "sync_runs_deleted": self.sync_runs,
+            "notifications_cleared": self.notifications_cleared,
+        } | {f"changes_deleted.{source}": n for source, n in sorted(self.changes.items())}
+
+
+def prune(
+    wh: Warehouse,
+    retention: RetentionConfig,
+    sources: Sequence[SourceBase],
+    watches: Mapping[str, Sequence[str]],
+    *,
+    now: datetime | None = None,
+) -> PruneStats:
+    """Delete what ``retention`` lets go; one transaction, so a failed prune removes nothing.
+
+    ``watches`` maps each source's name to the watches that read it: a change above the
+    lowest of their watermarks is kept whatever its age.
+    """
+    now = now or datetime.now(UTC)
+    stats = PruneStats()
+    with wh.transaction():
+        ensure_bookkeeping(wh)
+        ensure_evaluation_tables(wh)
+        ensure_delivery_tables(wh)
+        if retention.changes is not None:
+            cutoff = now - timedelta(seconds=retention.changes)
+            for source in sources:
+                ensure_source_tables(wh, source)
+                stats.changes[source.name] = _prune_changes(
+                    wh, source, list(watches.get(source.name, ())), cutoff
+                )
+                stats.evaluations += len(
+                    wh.fetch(
+                        render(
+                            "delete_evaluations_retention",
+                            wh.dialect,
+                            changes=quote(changes_table(source.table)),
+                        ),
+                        (source.name,),
+                    )
+                )
+        if retention.sync_runs is not None:
+            cutoff = now - timedelta(seconds=retention.sync_runs)
+            stats.sync_runs = len(
+                wh.fetch(render("delete_sync_runs_retention", wh.dialect), (cutoff,))
+            )
+        if retention.notifications is not None:
+            cutoff = now - timedelta(seconds=retention.notifications)
+            stats.notifications_cleared = len(
+                wh.fetch(render("update_outbox_retention", wh.dialect), (cutoff,))
+            )
+    return stats
+
+
+def _prune_changes(wh: Warehouse, source: SourceBase, watches: list[str], cutoff: datetime) -> int:
+    watermark = None
+    if watches:
+        watermark = wh.fetch(
+            render("select_watermark_watch_state", wh.dialect), (source.name, watches)
+        )[0][0]
+    # A watch that has never run starts at the latest sync's changes, so it needs none of the
+    # old ones; with no watch run yet, age alone decides.
+    limit = _NO_WATERMARK if watermark is None else watermark
+    statement = render(
+        "delete_changes_retention", wh.dialect, changes=quote(changes_table(source.table))
+    )
+    return len(wh.fetch(statement, (cutoff, limit, source.name)))
