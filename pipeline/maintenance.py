@@ -43,7 +43,13 @@ def retention_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
         context: AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
-            stats = prune(wh, retention, config.sources, config.watches_by_source())
+            stats = prune(
+                wh,
+                retention,
+                config.sources,
+                config.watches_by_source(),
+                digests={d.name: list(d.watches) for d in config.digests},
+            )
         context.log.info(f"retention: {stats.metadata()}")
         return dg.MaterializeResult(metadata=stats.metadata())
 

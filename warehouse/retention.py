@@ -32,6 +32,8 @@ __all__ = ["PruneStats", "RetentionConfig", "prune"]
 
 # The highest change id there can be: "no watch limits what may go".
 _NO_WATERMARK = 2**63 - 1
+# A time before any notification: "clear none of them".
+_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class RetentionConfig(BaseModel):
@@ -84,12 +86,14 @@ def prune(
     sources: Sequence[SourceBase],
     watches: Mapping[str, Sequence[str]],
     *,
+    digests: Mapping[str, Sequence[str]] | None = None,
     now: datetime | None = None,
 ) -> PruneStats:
     """Delete what ``retention`` lets go; one transaction, so a failed prune removes nothing.
 
     ``watches`` maps each source's name to the watches that read it: a change above the
-    lowest of their watermarks is kept whatever its age.
+    lowest of their watermarks is kept whatever its age. ``digests`` maps each digest's name
+    to its watches: their notifications keep their content until the digest is past them.
     """
     now = now or datetime.now(UTC)
     stats = PruneStats()
@@ -121,10 +125,26 @@ def prune(
             )
         if retention.notifications is not None:
             cutoff = now - timedelta(seconds=retention.notifications)
-            stats.notifications_cleared = len(
-                wh.fetch(render("update_outbox_retention", wh.dialect), (cutoff,))
-            )
+            stats.notifications_cleared = _clear_notifications(wh, cutoff, digests or {})
     return stats
+
+
+def _clear_notifications(
+    wh: Warehouse, cutoff: datetime, digests: Mapping[str, Sequence[str]]
+) -> int:
+    # A digest's notifications keep their content until the digest has gone out past them: a
+    # late or backfilled window must not list empty items.
+    until: dict[str, datetime] = {}
+    for digest, digest_watches in digests.items():
+        done = wh.fetch(render("select_window_end_digests", wh.dialect), (digest,))[0][0]
+        for watch in digest_watches:
+            limit = min(cutoff, done) if done is not None else _NEVER
+            until[watch] = min(until.get(watch, cutoff), limit)
+    statement = render("update_outbox_retention", wh.dialect)
+    cleared = len(wh.fetch(statement, (cutoff, list(until), False)))
+    for watch, limit in until.items():
+        cleared += len(wh.fetch(statement, (limit, [watch], True)))
+    return cleared
 
 
 def _prune_changes(wh: Warehouse, source: SourceBase, watches: list[str], cutoff: datetime) -> int:
@@ -139,4 +159,4 @@ def _prune_changes(wh: Warehouse, source: SourceBase, watches: list[str], cutoff
     statement = render(
         "delete_changes_retention", wh.dialect, changes=quote(changes_table(source.table))
     )
-    return len(wh.fetch(statement, (cutoff, limit, source.name)))
+    return len(wh.fetch(statement, (cutoff, limit, source.name, watches, len(watches))))

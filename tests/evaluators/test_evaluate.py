@@ -340,3 +340,38 @@ def test_a_filter_failing_on_every_change_fails_and_keeps_them_waiting(
     assert evaluations(warehouse_url) == {}
     fixed = evaluate(warehouse_url, filter_watch("'bug' IN labels"), source)
     assert (fixed.changes_read, fixed.filter_errors) == (40, 0)
+
+
+def test_changes_held_by_a_failing_filter_do_not_count_again_toward_its_limit(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    odd = filter_watch(
+        "CASE WHEN number <= 15 OR number > 40 THEN CAST(title AS integer) > 0 ELSE FALSE END"
+    )
+    sync(warehouse_url, source)
+    assert evaluate(warehouse_url, odd, source).filter_errors == 15
+    demo_api.tracker.mutate(create=10)  # issues 41-50: ten new failures, 25 in all
+    sync(warehouse_url, source)
+    second = evaluate(warehouse_url, odd, source)
+    assert (second.changes_read, second.filter_errors) == (25, 25)
+
+
+def test_a_filter_failing_on_a_constant_fails_loudly_and_holds_nothing(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    # PostgreSQL fails while planning (no change to blame: its own error is raised); DuckDB
+    # fails on each of the 40 changes (over the limit). Either way nothing is settled.
+    broken = filter_watch("CAST('x' AS integer) > 0")
+    with pytest.raises(Exception) as error:
+        evaluate(warehouse_url, broken, source)
+    assert "'x'" in str(error.value) or '"x"' in str(error.value)
+    assert evaluations(warehouse_url) == {}
+    # With nothing to read it fails as itself or not at all, never on an empty bisection.
+    assert evaluate(warehouse_url, filter_watch("FALSE"), source).changes_read == 40
+    try:
+        evaluate(warehouse_url, broken, source)
+    except Exception as failure:  # noqa: BLE001 - PostgreSQL: the planning error itself
+        assert "'x'" in str(failure) or '"x"' in str(failure)

@@ -89,3 +89,68 @@ def test_retention_keeps_what_watches_and_syncs_need(
         evaluate(wh, watches[0], source)
         new = "SELECT count(*) FROM evaluations WHERE watch = 'bugs' AND change_id > 40"
         assert wh.fetch(new) == [(4,)]  # the three it had not read, and the new one
+
+
+def test_released_changes_stay_until_every_watch_has_evaluated_them(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    from warehouse.sync import held_changes, release_changes
+
+    settings = demo_source_settings(demo_api.url, COLUMNS, storm={"max_share": 0.2, "min_rows": 10})
+    source = RestSourceConfig.model_validate(settings)
+    watch = Watch(name="all", sources=["demo_issues"], where="TRUE", channels=[])
+    retention = RetentionConfig(changes=DAY)
+    names = {"demo_issues": ["all"]}
+    later = datetime.now(UTC) + timedelta(days=2)
+    with connect(warehouse_url) as wh:
+        run_sync(wh, RestSource(source))
+        evaluate(wh, watch, source)
+        demo_api.tracker.mutate(update=20)
+        assert run_sync(wh, RestSource(source)).storm_held
+        assert held_changes(wh, source) == 20
+        release_changes(wh, source)
+        # Old by detection and by release, below the watermark, but not evaluated yet.
+        prune(wh, retention, [source], names, now=later)
+        assert wh.fetch("SELECT count(*) FROM issues_changes WHERE released_at IS NOT NULL") == [
+            (20,)
+        ]
+        evaluate(wh, watch, source)
+        prune(wh, retention, [source], names, now=later)
+        # Evaluated: they go, but for the newest entry of the log.
+        assert wh.fetch("SELECT count(*) FROM issues_changes") == [(1,)]
+
+
+def test_a_digest_keeps_its_notifications_content_until_it_has_gone_out(
+    warehouse_url: str, demo_api: DemoAPIServer, tmp_path
+) -> None:
+    from channels.config import DigestConfig
+    from channels.outbox import send_digest_window
+
+    source = RestSourceConfig.model_validate(demo_source_settings(demo_api.url, COLUMNS))
+    watch = Watch(name="bugs", sources=["demo_issues"], where="'bug' IN labels", channels=[])
+    digest = DigestConfig(name="daily", watches=["bugs"], output_dir=str(tmp_path))
+    retention = RetentionConfig(notifications=DAY)
+    later = datetime.now(UTC) + timedelta(days=2)
+
+    def cleared(wh: Any) -> int:
+        return prune(
+            wh,
+            retention,
+            [source],
+            {"demo_issues": ["bugs"]},
+            digests={"daily": ["bugs"]},
+            now=later,
+        ).notifications_cleared
+
+    with connect(warehouse_url) as wh:
+        run_sync(wh, RestSource(source))
+        evaluate(wh, watch, source)
+        notified = wh.fetch("SELECT count(*) FROM outbox")[0][0]
+        assert notified > 0
+        assert cleared(wh) == 0  # the digest has not listed them yet
+        today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+        window = {"window_start": today, "window_end": today + timedelta(days=1)}
+        assert send_digest_window(wh, digest, None, **window).items == notified
+        assert cleared(wh) == notified
+        # The window was sent; sending it again is a no-op and lists nothing twice.
+        assert send_digest_window(wh, digest, None, **window).status == "already_sent"
