@@ -205,7 +205,8 @@ def summarize(asset: str, meta: dict) -> str:
         return (
             f"{asset}: {meta['changes_deleted']} change(s) and {meta['evaluations_deleted']} "
             f"evaluation(s) deleted, {meta['sync_runs_deleted']} sync run record(s) deleted, "
-            f"{meta['notifications_cleared']} notification(s) cleared"
+            f"{meta['notifications_cleared']} notification(s) cleared, "
+            f"{meta['verdicts_deleted']} cached verdict(s) deleted"
         )
     if "status" in meta:
         files = f" -> {meta['files']}" if meta.get("files") else ""

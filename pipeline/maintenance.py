@@ -25,6 +25,7 @@ def retention_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
             ("changes", retention.changes),
             ("sync runs", retention.sync_runs),
             ("notification content", retention.notifications),
+            ("cached verdicts", retention.verdicts),
         )
         if age is not None
     )

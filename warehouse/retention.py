@@ -1,11 +1,12 @@
 """Retention: what the warehouse forgets once it is old and nothing needs it any more.
 
 The change log, the evaluations and the run records grow with every sync; notifications keep
-the content they carried. ``prune`` deletes what is past each configured age, under rules that
-keep every guarantee: nothing a watch has yet to evaluate, nothing held, the newest change of
-each log (its id numbers the next sync's changes), and every notification's dedupe key (only
-the content of a finished notification is cleared, so nothing is ever sent twice). Source
-tables are the current state of the source and are not pruned.
+the content they carried, and the judge's cache the verdicts it was given. ``prune`` deletes
+what is past each configured age, under rules that keep every guarantee: nothing a watch has
+yet to evaluate, nothing held, the newest change of each log (its id numbers the next sync's
+changes), and every notification's dedupe key (only the content of a finished notification is
+cleared, so nothing is ever sent twice). Source tables are the current state of the source and
+are not pruned.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ class RetentionConfig(BaseModel):
     sync_runs: Duration | None = None
     # The content (title, body, summary, payload) of notifications whose deliveries are over.
     notifications: Duration | None = None
+    # Cached judge verdicts (their summaries and reasoning), counted from when they came.
+    verdicts: Duration | None = None
     # When the Dagster schedule prunes (cron, UTC).
     cron: str = "30 3 * * *"
 
-    @field_validator("changes", "sync_runs", "notifications")
+    @field_validator("changes", "sync_runs", "notifications", "verdicts")
     @classmethod
     def _positive(cls, age: float | None) -> float | None:
         if age is not None and age <= 0:
@@ -59,7 +62,8 @@ class RetentionConfig(BaseModel):
 
     @property
     def enabled(self) -> bool:
-        return any(age is not None for age in (self.changes, self.sync_runs, self.notifications))
+        ages = (self.changes, self.sync_runs, self.notifications, self.verdicts)
+        return any(age is not None for age in ages)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class PruneStats:
     evaluations: int = 0
     sync_runs: int = 0
     notifications_cleared: int = 0
+    verdicts: int = 0
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -77,6 +82,7 @@ class PruneStats:
             "evaluations_deleted": self.evaluations,
             "sync_runs_deleted": self.sync_runs,
             "notifications_cleared": self.notifications_cleared,
+            "verdicts_deleted": self.verdicts,
         } | {f"changes_deleted.{source}": n for source, n in sorted(self.changes.items())}
 
 
@@ -126,6 +132,11 @@ def prune(
         if retention.notifications is not None:
             cutoff = now - timedelta(seconds=retention.notifications)
             stats.notifications_cleared = _clear_notifications(wh, cutoff, digests or {})
+        if retention.verdicts is not None:
+            cutoff = now - timedelta(seconds=retention.verdicts)
+            stats.verdicts = len(
+                wh.fetch(render("delete_judge_cache_retention", wh.dialect), (cutoff,))
+            )
     return stats
 
 

@@ -154,3 +154,36 @@ def test_a_digest_keeps_its_notifications_content_until_it_has_gone_out(
         assert cleared(wh) == notified
         # The window was sent; sending it again is a no-op and lists nothing twice.
         assert send_digest_window(wh, digest, None, **window).status == "already_sent"
+
+
+def test_cached_verdicts_go_after_their_age(warehouse_url: str, demo_api: DemoAPIServer) -> None:
+    from openai_server import FakeOpenAIServer, label_judge
+
+    from evaluators.judge import Judge
+
+    source = RestSourceConfig.model_validate(demo_source_settings(demo_api.url, COLUMNS))
+    with FakeOpenAIServer(respond=label_judge("security")) as llm:
+        watch = Watch.model_validate(
+            {
+                "name": "judged",
+                "sources": ["demo_issues"],
+                "where": "kind = 'insert'",
+                "judge": {
+                    "condition": "The issue is about security.",
+                    "model": "test-model",
+                    "base_url": llm.base_url,
+                    "max_retries": 0,
+                },
+            }
+        )
+        columns = {c: s.type for c, s in source.columns.items()}
+        compiled = compile_filter(watch.where, watch=watch.name, columns=columns)
+        with connect(warehouse_url) as wh, Judge(watch.judge) as judge:  # type: ignore[arg-type]
+            run_sync(wh, RestSource(source))
+            evaluate_watch(wh, watch, {source.name: source}, {source.name: compiled}, judge=judge)
+            assert wh.fetch("SELECT count(*) FROM judge_cache") == [(40,)]
+            retention = RetentionConfig(verdicts=DAY)
+            assert prune(wh, retention, [source], {}).verdicts == 0  # not a day old yet
+            later = datetime.now(UTC) + timedelta(days=2)
+            assert prune(wh, retention, [source], {}, now=later).verdicts == 40
+            assert wh.fetch("SELECT count(*) FROM judge_cache") == [(0,)]
