@@ -169,11 +169,11 @@ class _Decision:
 def _candidates(
     wh: Warehouse, watch: Watch, source: SourceBase, compiled: CompiledFilter
 ) -> pl.DataFrame:
+    changes = quote(changes_table(source.table))
     rows = wh.fetch(render("select_watch_state", wh.dialect), (watch.name, source.name))
     if rows:
         watermark = rows[0][0]
     else:
-        changes = quote(changes_table(source.table))
         watermark = wh.fetch(
             render("select_watch_start", wh.dialect, changes=changes), (source.name,)
         )[0][0]
@@ -184,45 +184,43 @@ def _candidates(
                 (watch.name, source.name, watermark, None, datetime.now(UTC)),
             )
     params = (watermark, watch.name, source.name)
+    condition = compiled.to_sql(wh.dialect, alias="c")  # type: ignore[arg-type]
     try:
         # A transaction of its own: on PostgreSQL a failed statement spoils the one it is in.
         with wh.transaction():
             return wh.fetch_frame(
-                _candidates_sql(wh, source, compiled.to_sql(wh.dialect, alias="c")),  # type: ignore[arg-type]
+                render("select_candidate_changes", wh.dialect, changes=changes, filter=condition),
                 params,
             ).with_columns(pl.lit(None, pl.String).alias("_filter_error"))
     except Exception as error:  # noqa: BLE001 - maybe the filter failed on some change's values
-        return _isolate_filter_errors(wh, watch, source, compiled, params, error)
-
-
-def _candidates_sql(wh: Warehouse, source: SourceBase, condition: str) -> str:
-    changes = quote(changes_table(source.table))
-    return render("select_candidate_changes", wh.dialect, changes=changes, filter=condition)
+        return _isolate_filter_errors(wh, watch, source, changes, condition, params, error)
 
 
 def _isolate_filter_errors(
     wh: Warehouse,
     watch: Watch,
     source: SourceBase,
-    compiled: CompiledFilter,
+    changes: str,
+    condition: str,
     params: tuple[Any, ...],
     error: Exception,
 ) -> pl.DataFrame:
     """The candidates, when the filter failed at run time: the changes it fails on are held.
 
     A filter checked at load can still fail on values (a cast of a text that is no number,
-    a division by zero on PostgreSQL). The filter is run on halves of a failing id range until
-    each failure is pinned to one change; those get ``_filter_error``, the rest their verdict,
-    so a few odd changes do not stop the watch. Raises ``FilterRuntimeError`` when the filter
-    fails on more than ``MAX_FILTER_ERRORS`` new changes, and the first error again when the
-    failure is not about values (no candidates, it fails on none, or it passes on each).
+    a division by zero on PostgreSQL). The filter (``condition``, over the change log
+    ``changes``) is run on halves of a failing id range until each failure is pinned to one
+    change; those get ``_filter_error``, the rest their verdict, so a few odd changes do not
+    stop the watch. Raises ``FilterRuntimeError`` when the filter fails on more than
+    ``MAX_FILTER_ERRORS`` new changes, and the first error again when the failure is not
+    about values (no candidates, it fails on none, or it passes on each).
     """
     with wh.transaction():
         # If this fails as well, the warehouse is the problem: that error propagates.
-        candidates = wh.fetch_frame(_candidates_sql(wh, source, "NULL"), params)
+        candidates = wh.fetch_frame(
+            render("select_candidate_changes", wh.dialect, changes=changes, filter="NULL"), params
+        )
     ids = candidates.get_column("change_id").to_list()
-    changes = quote(changes_table(source.table))
-    condition = compiled.to_sql(wh.dialect, alias="c")  # type: ignore[arg-type]
     statement = render("select_filter_range", wh.dialect, changes=changes, filter=condition)
     if not ids or _fails_on_no_change(wh, statement):
         raise error  # no change to blame, or it fails without any: not about values

@@ -213,7 +213,7 @@ class PostgresWarehouse(Warehouse):
         self._cur.adbc_ingest(name, _record_batches(frame), mode="create", temporary=True)
 
     def unstage(self, name: str) -> None:
-        self._cur.execute(f'DROP TABLE IF EXISTS pg_temp."{name}"')
+        self._cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote(name)}")
 
     def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a

@@ -111,19 +111,11 @@ def prune(
             cutoff = now - timedelta(seconds=retention.changes)
             for source in sources:
                 ensure_source_tables(wh, source)
-                stats.changes[source.name] = _prune_changes(
+                changes, evaluations = _prune_changes(
                     wh, source, list(watches.get(source.name, ())), cutoff
                 )
-                stats.evaluations += len(
-                    wh.fetch(
-                        render(
-                            "delete_evaluations_retention",
-                            wh.dialect,
-                            changes=quote(changes_table(source.table)),
-                        ),
-                        (source.name,),
-                    )
-                )
+                stats.changes[source.name] = changes
+                stats.evaluations += evaluations
         if retention.sync_runs is not None:
             cutoff = now - timedelta(seconds=retention.sync_runs)
             stats.sync_runs = len(
@@ -158,7 +150,10 @@ def _clear_notifications(
     return cleared
 
 
-def _prune_changes(wh: Warehouse, source: SourceBase, watches: list[str], cutoff: datetime) -> int:
+def _prune_changes(
+    wh: Warehouse, source: SourceBase, watches: list[str], cutoff: datetime
+) -> tuple[int, int]:
+    """Delete the source's old, settled change-log entries, then their evaluations; counts."""
     watermark = None
     if watches:
         watermark = wh.fetch(
@@ -167,7 +162,12 @@ def _prune_changes(wh: Warehouse, source: SourceBase, watches: list[str], cutoff
     # A watch that has never run starts at the latest sync's changes, so it needs none of the
     # old ones; with no watch run yet, age alone decides.
     limit = _NO_WATERMARK if watermark is None else watermark
-    statement = render(
-        "delete_changes_retention", wh.dialect, changes=quote(changes_table(source.table))
+    changes = quote(changes_table(source.table))
+    deleted = wh.fetch(
+        render("delete_changes_retention", wh.dialect, changes=changes),
+        (cutoff, limit, source.name, watches, len(watches)),
     )
-    return len(wh.fetch(statement, (cutoff, limit, source.name, watches, len(watches))))
+    evaluations = wh.fetch(
+        render("delete_evaluations_retention", wh.dialect, changes=changes), (source.name,)
+    )
+    return len(deleted), len(evaluations)

@@ -39,14 +39,22 @@ def labelled(api: DemoAPIServer, label: str, numbers: list[int] | None = None) -
     }
 
 
-def test_demo_config_first_second_and_changed_runs(
+@pytest.fixture
+def demo_run(
     warehouse_url: str,
     demo_env: DemoAPIServer,
     llm: FakeOpenAIServer,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
+) -> DemoAPIServer:
+    """The demo config's environment: its API, the warehouse under test, the loopback LLM."""
     monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
     monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm.base_url)
+    return demo_env
+
+
+def test_demo_config_first_second_and_changed_runs(
+    warehouse_url: str, demo_run: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
     config = load_config()
     assets = source_job_assets(config, ["demo_issues"])
 
@@ -55,7 +63,7 @@ def test_demo_config_first_second_and_changed_runs(
             return materialize(config, assets, instance)
 
     first = run()
-    bugs, security = labelled(demo_env, "bug"), labelled(demo_env, "security")
+    bugs, security = labelled(demo_run, "bug"), labelled(demo_run, "security")
     assert first["eval_new_bugs"]["notified"] == len(bugs)
     assert first["eval_closed_issues"]["notified"] == 0  # nothing closed yet
     assert first["eval_security_review"]["judged"] == 40 == len(llm.requests)
@@ -69,7 +77,7 @@ def test_demo_config_first_second_and_changed_runs(
     assert second["eval_security_review"]["judged"] == 0 and len(llm.requests) == 40
     assert second["notifications"]["sent"] == 0
 
-    mutation = demo_env.tracker.mutate(update=4, create=3, delete=1)
+    mutation = demo_run.tracker.mutate(update=4, create=3, delete=1)
     third = run()
     k = len(mutation["updated"]) + len(mutation["created"]) + len(mutation["deleted"])
     for watch in ("new_bugs", "closed_issues", "security_review"):
@@ -81,7 +89,7 @@ def test_demo_config_first_second_and_changed_runs(
         )[0][0]
     # Only the changes that passed the filter went to the model.
     assert third["eval_security_review"]["judged"] == passing == len(llm.requests) - 40
-    new_bugs = labelled(demo_env, "bug", mutation["created"])
+    new_bugs = labelled(demo_run, "bug", mutation["created"])
     assert third["eval_new_bugs"]["notified"] == len(new_bugs)
     lines = Path(os.environ["CHANGEWATCH_CONFIG"]).parent / ".changewatch" / "notifications.jsonl"
     sent = [json.loads(line) for line in lines.read_text().splitlines()]
@@ -110,16 +118,9 @@ def test_definitions_validate_on_the_example_config(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def test_a_filter_failing_on_some_changes_fails_no_run(
-    warehouse_url: str,
-    demo_env: DemoAPIServer,
-    llm: FakeOpenAIServer,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_filter_failing_on_some_changes_fails_no_run(demo_run: DemoAPIServer) -> None:
     import yaml
 
-    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
-    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm.base_url)
     path = Path(os.environ["CHANGEWATCH_CONFIG"])
     settings = yaml.safe_load(path.read_text())
     # Loads fine; fails at run time on issues 3 and 17, whose titles are no numbers.
@@ -137,5 +138,5 @@ def test_a_filter_failing_on_some_changes_fails_no_run(
         result = materialize(config, source_job_assets(config, ["demo_issues"]), instance)
     # The run succeeds: the other watches notify and delivery runs after them.
     assert result["eval_odd"]["filter_errors"] == 2
-    assert result["eval_new_bugs"]["notified"] == len(labelled(demo_env, "bug"))
-    assert result["notifications"]["sent"] >= len(labelled(demo_env, "bug"))
+    assert result["eval_new_bugs"]["notified"] == len(labelled(demo_run, "bug"))
+    assert result["notifications"]["sent"] >= len(labelled(demo_run, "bug"))
