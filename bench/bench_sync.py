@@ -54,13 +54,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the package is installed editable; this is only a fallback
     sys.path.insert(0, str(REPO))
 
-from pipeline.config import load_config  # noqa: E402
-from sources.base import FetchResult  # noqa: E402
-from sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
-from sources.rest import RestSource, RestSourceConfig  # noqa: E402
-from sources.stream import StreamingNormalizer  # noqa: E402
-from warehouse.backends import Warehouse, connect  # noqa: E402
-from warehouse.sync import SyncStats, run_sync  # noqa: E402
+from changewatch.pipeline.config import load_config  # noqa: E402
+from changewatch.sources.base import FetchResult  # noqa: E402
+from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
+from changewatch.sources.rest import RestSource, RestSourceConfig  # noqa: E402
+from changewatch.sources.stream import StreamingNormalizer  # noqa: E402
+from changewatch.warehouse.backends import Warehouse, connect  # noqa: E402
+from changewatch.warehouse.sync import SyncStats, run_sync  # noqa: E402
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 SOURCE_NAME = "demo_issues"
@@ -218,7 +218,7 @@ def thread_server(rows: int, seed: int) -> Iterator[DemoServer]:
 @contextmanager
 def process_server(rows: int, seed: int) -> Iterator[DemoServer]:
     """The demo API in its own process on a free loopback port; mutated over HTTP."""
-    command = [sys.executable, "-u", "-m", "sources.demo.server", "--port", "0"]
+    command = [sys.executable, "-u", "-m", "changewatch.sources.demo.server", "--port", "0"]
     command += ["--issues", str(rows), "--seed", str(seed)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

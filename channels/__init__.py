@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-from channels.apprise_channel import AppriseChannel
-from channels.base import (
+from changewatch.channels.apprise_channel import AppriseChannel
+from changewatch.channels.base import (
     URGENCIES,
     Channel,
     DeliveryError,
     Notification,
     notification_id_for,
 )
-from channels.build import build_channel
-from channels.console import ConsoleChannel
-from channels.digest import (
+from changewatch.channels.build import build_channel
+from changewatch.channels.console import ConsoleChannel
+from changewatch.channels.digest import (
     DigestItem,
     DigestParts,
     build_digest_message,
     render_digest,
     write_digest_files,
 )
-from channels.email import EmailChannel, build_notification_message
-from channels.file import FileChannel
-from channels.smtp import send_email
-from channels.webhook import WebhookChannel, sign_webhook
+from changewatch.channels.email import EmailChannel, build_notification_message
+from changewatch.channels.file import FileChannel
+from changewatch.channels.smtp import send_email
+from changewatch.channels.webhook import WebhookChannel, sign_webhook
 
 __all__ = [
     "URGENCIES",

@@ -11,8 +11,8 @@ import os
 import warnings
 from types import ModuleType
 
-from channels.base import DeliveryError, Notification, strip_controls
-from channels.config import AppriseChannelConfig
+from changewatch.channels.base import DeliveryError, Notification, strip_controls
+from changewatch.channels.config import AppriseChannelConfig
 
 __all__ = ["AppriseChannel", "apprise_text"]
 

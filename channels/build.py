@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from channels.apprise_channel import AppriseChannel
-from channels.base import Channel
-from channels.config import (
+from changewatch.channels.apprise_channel import AppriseChannel
+from changewatch.channels.base import Channel
+from changewatch.channels.config import (
     AppriseChannelConfig,
     ConsoleChannelConfig,
     EmailChannelConfig,
     FileChannelConfig,
     WebhookChannelConfig,
 )
-from channels.console import ConsoleChannel
-from channels.email import EmailChannel
-from channels.file import FileChannel
-from channels.webhook import WebhookChannel
+from changewatch.channels.console import ConsoleChannel
+from changewatch.channels.email import EmailChannel
+from changewatch.channels.file import FileChannel
+from changewatch.channels.webhook import WebhookChannel
 
 __all__ = ["build_channel"]
 

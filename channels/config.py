@@ -7,9 +7,8 @@ import string
 from datetime import date
 from typing import Annotated, Literal
 
+from changewatch.sources.base import EnvVarName, Identifier
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from sources.base import EnvVarName, Identifier
 
 __all__ = [
     "AppriseChannelConfig",

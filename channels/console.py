@@ -6,7 +6,7 @@ import sys
 import threading
 from typing import TextIO
 
-from channels.base import Notification, strip_controls
+from changewatch.channels.base import Notification, strip_controls
 
 __all__ = ["ConsoleChannel", "format_console_block"]
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from channels.base import Notification, safe_link, strip_controls
-from channels.config import SUBJECT_FIELDS, DigestConfig, EmailChannelConfig
-from channels.email import header_text, message_id
-from channels.smtp import send_email
+from changewatch.channels.base import Notification, safe_link, strip_controls
+from changewatch.channels.config import SUBJECT_FIELDS, DigestConfig, EmailChannelConfig
+from changewatch.channels.email import header_text, message_id
+from changewatch.channels.smtp import send_email
 
 __all__ = [
     "DigestItem",

@@ -9,9 +9,9 @@ import re
 from email.message import EmailMessage
 from email.utils import format_datetime
 
-from channels.base import Notification, jsonable, safe_link, strip_controls
-from channels.config import EmailChannelConfig
-from channels.smtp import send_email
+from changewatch.channels.base import Notification, jsonable, safe_link, strip_controls
+from changewatch.channels.config import EmailChannelConfig
+from changewatch.channels.smtp import send_email
 
 __all__ = ["EmailChannel", "build_notification_message", "header_text", "message_id"]
 

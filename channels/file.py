@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-from channels.base import DeliveryError, Notification
+from changewatch.channels.base import DeliveryError, Notification
 
 __all__ = ["FileChannel"]
 

@@ -15,15 +15,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
-
-from channels.base import Channel, DeliveryError, Notification
-from channels.build import build_channel
-from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
-from channels.digest import DigestItem, build_digest_message, write_digest_files
-from channels.smtp import send_email
-from warehouse.backends import Warehouse
-from warehouse.schema import ensure_delivery_tables
-from warehouse.statements import render
+from changewatch.channels.base import Channel, DeliveryError, Notification
+from changewatch.channels.build import build_channel
+from changewatch.channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
+from changewatch.channels.digest import DigestItem, build_digest_message, write_digest_files
+from changewatch.channels.smtp import send_email
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.schema import ensure_delivery_tables
+from changewatch.warehouse.statements import render
 
 __all__ = ["DeliveryPolicy", "DeliveryStats", "DigestResult", "deliver_due", "send_digest_window"]
 

@@ -14,8 +14,8 @@ import smtplib
 import ssl
 from email.message import EmailMessage
 
-from channels.base import DeliveryError
-from channels.config import EmailChannelConfig
+from changewatch.channels.base import DeliveryError
+from changewatch.channels.config import EmailChannelConfig
 
 __all__ = ["send_email", "smtp_password"]
 

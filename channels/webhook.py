@@ -20,9 +20,8 @@ from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
 import httpx
-
-from channels.base import DeliveryError, Notification
-from channels.config import WebhookChannelConfig
+from changewatch.channels.base import DeliveryError, Notification
+from changewatch.channels.config import WebhookChannelConfig
 
 __all__ = ["WebhookChannel", "decode_secret", "sign_webhook"]
 

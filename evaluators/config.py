@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from changewatch.sources.base import EnvVarName, Identifier
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from sources.base import EnvVarName, Identifier
 
 __all__ = ["DedupePolicy", "JudgeConfig", "Watch"]
 

@@ -18,16 +18,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
+from changewatch.channels.base import notification_id_for
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.filters import CompiledFilter
+from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
+from changewatch.sources.base import SourceBase
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
+from changewatch.warehouse.statements import quote, render
 from jinja2.sandbox import SandboxedEnvironment
-
-from channels.base import notification_id_for
-from evaluators.config import Watch
-from evaluators.filters import CompiledFilter
-from evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
-from sources.base import SourceBase
-from warehouse.backends import Warehouse
-from warehouse.schema import changes_table, ensure_evaluation_tables
-from warehouse.statements import quote, render
 
 __all__ = [
     "MAX_FILTER_ERRORS",
@@ -94,7 +93,7 @@ def dedupe_key(
 ) -> str:
     """The data-derived key a notification is unique by, per the watch's dedupe policy.
 
-    >>> from evaluators.config import Watch
+    >>> from changewatch.evaluators.config import Watch
     >>> w = Watch(name="w", sources=["s"], dedupe="per_object")
     >>> dedupe_key(w, "s", "7", "a", "b", "v1")
     'w|s|7|v1'

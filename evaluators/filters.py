@@ -206,7 +206,7 @@ def compile_filter(text: str, *, watch: str, columns: Mapping[str, str]) -> Comp
     >>> compile_filter("read_csv('/etc/passwd') IS NULL", watch="w", columns={})
     Traceback (most recent call last):
     ...
-    evaluators.filters.FilterError: watch 'w': where: function read_csv(...) is not allowed
+    changewatch.evaluators.filters.FilterError: watch 'w': where: function read_csv(...) ...
     """
     try:
         tree = _parse(text)
@@ -469,11 +469,10 @@ def check_filter_runs(compiled: CompiledFilter, columns: Mapping[str, str]) -> N
     >>> check_filter_runs(f, {"number": "bigint"})
     Traceback (most recent call last):
     ...
-    evaluators.filters.FilterError: watch 'w': where: does not run: ...
+    changewatch.evaluators.filters.FilterError: watch 'w': where: does not run: ...
     """
     import duckdb
-
-    from warehouse.schema import SQL_TYPES
+    from changewatch.warehouse.schema import SQL_TYPES
 
     values = ", ".join(
         f'"{prefix}{name}" {SQL_TYPES[kind]}'

@@ -46,6 +46,8 @@ from typing import Any, Literal
 
 import instructor
 import openai
+from changewatch.evaluators import prompts
+from changewatch.evaluators.config import JudgeConfig
 from instructor.core import (
     AsyncValidationError,
     HookName,
@@ -56,9 +58,6 @@ from instructor.core import (
 )
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
-
-from evaluators import prompts
-from evaluators.config import JudgeConfig
 
 __all__ = [
     "ChangeForJudge",

@@ -4,12 +4,11 @@
 # at definition time to recognise the context and resource parameters.
 
 import dagster as dg
+from changewatch.pipeline.resources import WarehouseResource
+from changewatch.sources import SourceConfig, build_source
+from changewatch.warehouse.schema import changes_table
+from changewatch.warehouse.sync import held_changes, run_sync
 from dagster import AssetExecutionContext
-
-from pipeline.resources import WarehouseResource
-from sources import SourceConfig, build_source
-from warehouse.schema import changes_table
-from warehouse.sync import held_changes, run_sync
 
 __all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
 

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from pipeline.assets import FULL_TAG, SILENT_TAG
-from pipeline.config import ChangewatchConfig, ConfigError, load_config
-from pipeline.maintenance import RETENTION_ASSET
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.runner import instance, materialize, source_job_assets, sync_tags
+from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG
+from changewatch.pipeline.config import ChangewatchConfig, ConfigError, load_config
+from changewatch.pipeline.maintenance import RETENTION_ASSET
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import instance, materialize, source_job_assets, sync_tags
 
 __all__ = ["main"]
 
@@ -74,14 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "sql":
             return _sql(args.query)
         if args.command == "demo-api":
-            from sources.demo.server import main as serve
+            from changewatch.sources.demo.server import main as serve
 
             serve(
                 ["--port", str(args.port), "--issues", str(args.issues), "--seed", str(args.seed)]
             )
             return 0
         if args.command == "demo":
-            from pipeline.demo import run_demo
+            from changewatch.pipeline.demo import run_demo
 
             return run_demo(args)
         config = load_config(args.config)
@@ -109,8 +109,7 @@ def _validate(config: ChangewatchConfig) -> int:
 
 def _sql(query: str) -> int:
     import polars as pl
-
-    from warehouse import connect
+    from changewatch.warehouse import connect
 
     with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
         frame = wh.fetch_frame(query)
@@ -120,8 +119,8 @@ def _sql(query: str) -> int:
 
 
 def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
-    from warehouse import connect
-    from warehouse.sync import release_changes
+    from changewatch.warehouse import connect
+    from changewatch.warehouse.sync import release_changes
 
     with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
         count = release_changes(wh, config.source(source), discard=discard)

@@ -12,14 +12,23 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from changewatch.channels.config import (
+    ChannelConfig,
+    DigestConfig,
+    EmailChannelConfig,
+    FileChannelConfig,
+)
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.filters import (
+    CompiledFilter,
+    FilterError,
+    check_filter_runs,
+    compile_filter,
+)
+from changewatch.sources import SourceConfig
+from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from channels.config import ChannelConfig, DigestConfig, EmailChannelConfig, FileChannelConfig
-from evaluators.config import Watch
-from evaluators.filters import CompiledFilter, FilterError, check_filter_runs, compile_filter
-from sources import SourceConfig
-from warehouse.retention import RetentionConfig
 
 __all__ = [
     "CONFIG_ENV",

@@ -6,7 +6,7 @@ location with a message naming file, line and key, before anything runs or write
 
 from __future__ import annotations
 
-from pipeline.config import load_config
-from pipeline.wiring import build_definitions
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.wiring import build_definitions
 
 defs = build_definitions(load_config())

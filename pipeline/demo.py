@@ -8,13 +8,13 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
-from pipeline.cli import summarize
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.runner import instance, materialize, source_job_assets, sync_tags
-from sources.demo import DemoAPIServer, DemoTracker
-from warehouse import describe_url
-from warehouse.backends import duckdb_path
+from changewatch.pipeline.cli import summarize
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import instance, materialize, source_job_assets, sync_tags
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.warehouse import describe_url
+from changewatch.warehouse.backends import duckdb_path
 
 __all__ = ["DEMO_URL_ENV", "DEMO_WAREHOUSE", "run_demo"]
 

@@ -4,12 +4,11 @@
 # at definition time to recognise the context and resource parameters.
 
 import dagster as dg
+from changewatch.pipeline.assets import WAREHOUSE_POOL
+from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.resources import WarehouseResource
+from changewatch.warehouse.retention import prune
 from dagster import AssetExecutionContext
-
-from pipeline.assets import WAREHOUSE_POOL
-from pipeline.config import ChangewatchConfig
-from pipeline.resources import WarehouseResource
-from warehouse.retention import prune
 
 __all__ = ["RETENTION_ASSET", "retention_asset", "retention_schedule"]
 

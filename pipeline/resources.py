@@ -6,10 +6,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dagster as dg
-
-from evaluators.config import Watch
-from evaluators.judge import Judge, build_client
-from warehouse import DEFAULT_URL, Warehouse, connect, describe_url
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.judge import Judge, build_client
+from changewatch.warehouse import DEFAULT_URL, Warehouse, connect, describe_url
 
 __all__ = ["WAREHOUSE_URL_ENV", "JudgeResource", "WarehouseResource", "warehouse_resource"]
 

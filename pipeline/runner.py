@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
-
-from pipeline.assets import SOURCE_TAG
-from pipeline.config import ChangewatchConfig
-from pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
-from pipeline.wiring import build_definitions
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
+from changewatch.pipeline.wiring import build_definitions
 
 __all__ = ["instance", "materialize", "source_job_assets"]
 

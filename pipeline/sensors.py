@@ -10,10 +10,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import dagster as dg
-
-from pipeline.assets import FULL_TAG, SOURCE_TAG
-from pipeline.timing import due_slot, jitter_offset
-from sources import SourceConfig
+from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
+from changewatch.pipeline.timing import due_slot, jitter_offset
+from changewatch.sources import SourceConfig
 
 __all__ = ["SYNC_SENSOR", "cron_schedule", "sweep_schedule", "sync_job_name", "sync_sensor"]
 

@@ -4,14 +4,13 @@
 # at definition time to recognise the context and resource parameters.
 
 import dagster as dg
+from changewatch.channels.config import DigestConfig
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.pipeline.assets import WAREHOUSE_POOL
+from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.resources import JudgeResource, WarehouseResource
 from dagster import AssetExecutionContext
-
-from channels.config import DigestConfig
-from evaluators.config import Watch
-from evaluators.evaluate import evaluate_watch
-from pipeline.assets import WAREHOUSE_POOL
-from pipeline.config import ChangewatchConfig
-from pipeline.resources import JudgeResource, WarehouseResource
 
 __all__ = [
     "NOTIFICATIONS_ASSET",
@@ -95,7 +94,7 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
 
 def notifications_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
     """The asset that delivers due notifications to their channels, with retries."""
-    from channels.outbox import deliver_due
+    from changewatch.channels.outbox import deliver_due
 
     @dg.asset(
         name=NOTIFICATIONS_ASSET,
@@ -131,7 +130,7 @@ def digest_partitions(digest: DigestConfig) -> dg.DailyPartitionsDefinition:
 
 def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDefinition:
     """A daily-partitioned digest email of the notifications of some watches."""
-    from channels.outbox import send_digest_window
+    from changewatch.channels.outbox import send_digest_window
 
     channel = config.channel(digest.channel) if digest.channel else None
 

@@ -6,13 +6,12 @@ import os
 from datetime import timedelta
 
 import dagster as dg
-
-from pipeline.assets import SOURCE_TAG, sync_asset
-from pipeline.config import ChangewatchConfig
-from pipeline.maintenance import retention_asset, retention_schedule
-from pipeline.resources import JudgeResource, warehouse_resource
-from pipeline.sensors import cron_schedule, sweep_schedule, sync_job_name, sync_sensor
-from pipeline.watch_assets import (
+from changewatch.pipeline.assets import SOURCE_TAG, sync_asset
+from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.maintenance import retention_asset, retention_schedule
+from changewatch.pipeline.resources import JudgeResource, warehouse_resource
+from changewatch.pipeline.sensors import cron_schedule, sweep_schedule, sync_job_name, sync_sensor
+from changewatch.pipeline.watch_assets import (
     NOTIFICATIONS_ASSET,
     digest_asset,
     evaluation_asset,

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from changewatch.sources.base import ColumnSpec, FetchResult, Source, SourceBase
+from changewatch.sources.errors import FetchError, PayloadError, SourceError
+from changewatch.sources.feed import FeedSource, FeedSourceConfig
+from changewatch.sources.github import GitHubSource, GitHubSourceConfig
+from changewatch.sources.rest import RestSource, RestSourceConfig
 from pydantic import Field
-
-from sources.base import ColumnSpec, FetchResult, Source, SourceBase
-from sources.errors import FetchError, PayloadError, SourceError
-from sources.feed import FeedSource, FeedSourceConfig
-from sources.github import GitHubSource, GitHubSourceConfig
-from sources.rest import RestSource, RestSourceConfig
 
 __all__ = [
     "ColumnSpec",

@@ -253,7 +253,8 @@ class Source(Protocol):
         every document of the result once, in arrival order, while the fetch goes on (so
         normalization can overlap the walk); the result may list them in another order.
 
-        Raises ``sources.errors.SourceError`` (or a subclass) on failure; never returns partial
-        results for a failed walk, so a failed sync leaves the stored cursor where it was.
+        Raises ``changewatch.sources.errors.SourceError`` (or a subclass) on failure; never
+        returns partial results for a failed walk, so a failed sync leaves the stored cursor
+        where it was.
         """
         ...

@@ -18,10 +18,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-
-from sources.base import Validator
-from sources.errors import FetchError, RateLimited
-from sources.ratelimit import RATE_LIMITS, RateLimits, guess_credential, retry_after_seconds
+from changewatch.sources.base import Validator
+from changewatch.sources.errors import FetchError, RateLimited
+from changewatch.sources.ratelimit import (
+    RATE_LIMITS,
+    RateLimits,
+    guess_credential,
+    retry_after_seconds,
+)
 
 # httpx logs every request's full URL at INFO, and a query string may carry an API key.
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -144,8 +148,9 @@ class HttpClient:
 
         With a ``validator`` the request is conditional, and a 304 is returned like any
         response. ``credential`` names the budget the request spends (see
-        ``sources.ratelimit.credential_id``); by default it is derived from credential-like
-        headers and parameters. Retries transport errors, 429 and 5xx, and waits out rate
+        ``changewatch.sources.ratelimit.credential_id``); by default it is derived from
+        credential-like headers and parameters. Retries transport errors, 429 and 5xx, and waits
+        out rate
         limits up to ``max_wait``; raises ``RateLimited`` for longer ones, ``FetchError`` when
         retries run out and at once on any other 4xx.
         """

@@ -17,10 +17,9 @@ from typing import Any
 
 import duckdb
 import polars as pl
-
-import sql
-from sources.base import ColumnSpec, FetchResult, SourceBase
-from sources.errors import PayloadError
+from changewatch import sql
+from changewatch.sources.base import ColumnSpec, FetchResult, SourceBase
+from changewatch.sources.errors import PayloadError
 
 __all__ = [
     "Batch",

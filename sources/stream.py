@@ -14,9 +14,13 @@ from types import TracebackType
 
 import duckdb
 import polars as pl
-
-from sources.base import FetchResult, SourceBase
-from sources.normalize import Batch, finish_batches, normalize_batch, normalize_with_fields
+from changewatch.sources.base import FetchResult, SourceBase
+from changewatch.sources.normalize import (
+    Batch,
+    finish_batches,
+    normalize_batch,
+    normalize_with_fields,
+)
 
 __all__ = ["BATCH_BYTES", "StreamingNormalizer"]
 

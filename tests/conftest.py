@@ -12,9 +12,8 @@ from pathlib import Path
 
 import adbc_driver_postgresql.dbapi as adbc
 import pytest
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from cw_testing import PG_URL, REPO
-
-from sources.demo import DemoAPIServer, DemoTracker
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

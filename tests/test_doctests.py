@@ -8,7 +8,10 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ("sources", "warehouse", "evaluators", "channels", "pipeline", "sql")
+PACKAGES = tuple(
+    f"changewatch.{name}"
+    for name in ("sources", "warehouse", "evaluators", "channels", "pipeline", "sql")
+)
 
 
 def modules() -> list[str]:
@@ -19,7 +22,7 @@ def modules() -> list[str]:
         for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
             names.append(info.name)
     # pipeline.definitions loads ./watches.yaml when imported; it has no examples to run.
-    return sorted(n for n in names if n != "pipeline.definitions")
+    return sorted(n for n in names if n != "changewatch.pipeline.definitions")
 
 
 @pytest.mark.parametrize("name", modules())

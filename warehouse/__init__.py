@@ -6,7 +6,7 @@ interface; SQL comes from ``sql/`` and is transpiled per backend.
 
 from __future__ import annotations
 
-from warehouse.backends import (
+from changewatch.warehouse.backends import (
     DEFAULT_URL,
     DuckDBWarehouse,
     PostgresWarehouse,

@@ -13,8 +13,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import polars as pl
 import pyarrow as pa
-
-from warehouse.statements import literal, quote
+from changewatch.warehouse.statements import literal, quote
 
 __all__ = [
     "DEFAULT_URL",

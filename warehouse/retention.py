@@ -16,18 +16,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
-
-from sources.base import Duration, SourceBase
-from warehouse.backends import Warehouse
-from warehouse.schema import (
+from changewatch.sources.base import Duration, SourceBase
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.schema import (
     changes_table,
     ensure_bookkeeping,
     ensure_delivery_tables,
     ensure_evaluation_tables,
     ensure_source_tables,
 )
-from warehouse.statements import quote, render
+from changewatch.warehouse.statements import quote, render
+from pydantic import BaseModel, ConfigDict, field_validator
 
 __all__ = ["PruneStats", "RetentionConfig", "prune"]
 

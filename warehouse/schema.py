@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sources.base import SourceBase
-from warehouse.backends import Warehouse
-from warehouse.statements import quote, render
+from changewatch.sources.base import SourceBase
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.statements import quote, render
 
 __all__ = [
     "SQL_TYPES",

@@ -5,8 +5,7 @@ from __future__ import annotations
 from functools import cache
 
 import sqlglot
-
-import sql
+from changewatch import sql
 
 __all__ = ["literal", "quote", "render"]
 

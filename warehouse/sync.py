@@ -14,14 +14,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
-
-from sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
-from sources.errors import PayloadError
-from sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN
-from sources.stream import StreamingNormalizer
-from warehouse.backends import Warehouse
-from warehouse.schema import SQL_TYPES, changes_table, ensure_bookkeeping, ensure_source_tables
-from warehouse.statements import quote, render
+from changewatch.sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
+from changewatch.sources.errors import PayloadError
+from changewatch.sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN
+from changewatch.sources.stream import StreamingNormalizer
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.schema import (
+    SQL_TYPES,
+    changes_table,
+    ensure_bookkeeping,
+    ensure_source_tables,
+)
+from changewatch.warehouse.statements import quote, render
 
 __all__ = [
     "SyncConflict",
@@ -197,12 +201,12 @@ def apply_sync(
 ) -> SyncStats:
     """Diff ``frame`` against the stored table and commit rows, changes and cursor at once.
 
-    ``frame`` is the output of ``sources.normalize.normalize``. Deletes are inferred only when
-    ``fetched.complete`` (the fetch listed everything). ``fields`` are the payload fields the
-    fetch saw (recorded for schema drift), ``evolved`` the drifted fields that are already
-    columns. ``expected_last_sync`` is the source's last sync when this one started: if
-    another sync committed since, this one raises ``SyncConflict`` and writes nothing.
-    Updates ``stats`` in place.
+    ``frame`` is the output of ``changewatch.sources.normalize.normalize``. Deletes are
+    inferred only when ``fetched.complete`` (the fetch listed everything). ``fields``
+    are the payload fields the fetch saw (recorded for schema drift), ``evolved`` the
+    drifted fields that are already columns. ``expected_last_sync`` is the source's last
+    sync when this one started: if another sync committed since, this one raises
+    ``SyncConflict`` and writes nothing. Updates ``stats`` in place.
     """
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
@@ -408,7 +412,7 @@ def _record_fields(
 def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -> bool:
     """Did this sync change more of the source than its storm guard allows?
 
-    >>> from sources.base import SourceBase
+    >>> from changewatch.sources.base import SourceBase
     >>> config = SourceBase(name="s", type="rest", table="t", primary_key="id",
     ...                     columns={"id": "bigint"})
     >>> stats = SyncStats(source="s", sync_id="x", updated=80)

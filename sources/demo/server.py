@@ -16,8 +16,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import orjson
-
-from sources.demo.tracker import DemoTracker, parse_ts
+from changewatch.sources.demo.tracker import DemoTracker, parse_ts
 
 MAX_PER_PAGE = 100  # GitHub silently caps per_page at 100; so do we
 _ISSUES_PATH = re.compile(r"^/repos/([^/]+)/([^/]+)/issues(?:/([^/]+))?/?$")
@@ -326,7 +325,8 @@ class DemoAPIServer:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo API in the foreground until Ctrl-C."""
     parser = argparse.ArgumentParser(
-        prog="python -m sources.demo.server", description="Serve the changewatch demo issue API."
+        prog="python -m changewatch.sources.demo.server",
+        description="Serve the changewatch demo issue API.",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="interface to bind (default: %(default)s)"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sources.feed.config import DEFAULT_COLUMNS, FeedSourceConfig
-from sources.feed.parse import ParsedFeed, fallback_id, parse_feed
-from sources.feed.source import FeedSource, build_feed_source
+from changewatch.sources.feed.config import DEFAULT_COLUMNS, FeedSourceConfig
+from changewatch.sources.feed.parse import ParsedFeed, fallback_id, parse_feed
+from changewatch.sources.feed.source import FeedSource, build_feed_source
 
 __all__ = [
     "DEFAULT_COLUMNS",

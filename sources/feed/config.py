@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
+from changewatch.sources.base import SourceBase
+from changewatch.sources.rest.config import AuthConfig, PublicHeaders, auth_env_vars
 from pydantic import field_validator, model_validator
-
-from sources.base import SourceBase
-from sources.rest.config import AuthConfig, PublicHeaders, auth_env_vars
 
 __all__ = ["DEFAULT_COLUMNS", "FeedSourceConfig"]
 

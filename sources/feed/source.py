@@ -7,13 +7,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
-
-from sources.base import DocumentSink, FetchResult, Validator
-from sources.errors import PayloadError, SourceError
-from sources.feed.config import FeedSourceConfig
-from sources.feed.parse import FEED_ACCEPT, FeedFormatError, parse_feed
-from sources.http import HttpClient, HttpPolicy
-from sources.rest.auth import credentials
+from changewatch.sources.base import DocumentSink, FetchResult, Validator
+from changewatch.sources.errors import PayloadError, SourceError
+from changewatch.sources.feed.config import FeedSourceConfig
+from changewatch.sources.feed.parse import FEED_ACCEPT, FeedFormatError, parse_feed
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.rest.auth import credentials
 
 __all__ = ["FeedSource", "build_feed_source"]
 

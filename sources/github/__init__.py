@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sources.github.config import DEFAULT_COLUMNS, GitHubSourceConfig
-from sources.github.source import GitHubSource, build_github_source
+from changewatch.sources.github.config import DEFAULT_COLUMNS, GitHubSourceConfig
+from changewatch.sources.github.source import GitHubSource, build_github_source
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSource", "GitHubSourceConfig", "build_github_source"]

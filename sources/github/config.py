@@ -6,9 +6,8 @@ import re
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from changewatch.sources.base import Duration, EnvVarName, SourceBase
 from pydantic import Field, field_validator, model_validator
-
-from sources.base import Duration, EnvVarName, SourceBase
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
 

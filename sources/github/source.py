@@ -7,13 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-
-from sources.base import DocumentSink, FetchResult, Validator
-from sources.errors import PayloadError, SourceError
-from sources.github.config import GitHubSourceConfig
-from sources.http import HttpClient, HttpPolicy
-from sources.rest import RestSource, RestSourceConfig
-from sources.rest.source import ClientFactory
+from changewatch.sources.base import DocumentSink, FetchResult, Validator
+from changewatch.sources.errors import PayloadError, SourceError
+from changewatch.sources.github.config import GitHubSourceConfig
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.sources.rest.source import ClientFactory
 
 __all__ = ["API_VERSION", "GitHubSource", "build_github_source"]
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sources.rest.config import RestSourceConfig
-from sources.rest.paginators import PageRequest, Paginator, make_paginator
-from sources.rest.source import RestSource, build_rest_source
+from changewatch.sources.rest.config import RestSourceConfig
+from changewatch.sources.rest.paginators import PageRequest, Paginator, make_paginator
+from changewatch.sources.rest.source import RestSource, build_rest_source
 
 __all__ = [
     "PageRequest",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import os
 
-from sources.errors import FetchError
-from sources.rest.config import AuthConfig, BasicAuth, BearerAuth, HeaderAuth, QueryAuth
+from changewatch.sources.errors import FetchError
+from changewatch.sources.rest.config import AuthConfig, BasicAuth, BearerAuth, HeaderAuth, QueryAuth
 
 
 def _env(name: str) -> str:

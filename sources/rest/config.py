@@ -7,9 +7,8 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
+from changewatch.sources.base import Duration, EnvVarName, Identifier, SourceBase
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from sources.base import Duration, EnvVarName, Identifier, SourceBase
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}

@@ -9,9 +9,8 @@ from urllib.parse import parse_qsl, urljoin, urlsplit
 
 import httpx
 import orjson
-
-from sources.errors import FetchError, PayloadError
-from sources.rest.config import (
+from changewatch.sources.errors import FetchError, PayloadError
+from changewatch.sources.rest.config import (
     CursorPagination,
     LinkHeaderPagination,
     NextUrlPagination,

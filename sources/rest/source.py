@@ -15,14 +15,18 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 import orjson
-
-from sources.base import DocumentSink, FetchResult, Validator
-from sources.errors import FetchError, PayloadError, RateLimited, SourceError
-from sources.http import HttpClient, HttpPolicy, validator_of
-from sources.ratelimit import credential_id
-from sources.rest.auth import credentials
-from sources.rest.config import PLACEHOLDER, Incremental, PaginatorConfig, RestSourceConfig
-from sources.rest.paginators import (
+from changewatch.sources.base import DocumentSink, FetchResult, Validator
+from changewatch.sources.errors import FetchError, PayloadError, RateLimited, SourceError
+from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
+from changewatch.sources.ratelimit import credential_id
+from changewatch.sources.rest.auth import credentials
+from changewatch.sources.rest.config import (
+    PLACEHOLDER,
+    Incremental,
+    PaginatorConfig,
+    RestSourceConfig,
+)
+from changewatch.sources.rest.paginators import (
     MISSING,
     PageRequest,
     Paginator,

@@ -19,8 +19,7 @@ from typing import Any
 import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
-
-from channels.base import Notification, notification_id_for
+from changewatch.channels.base import Notification, notification_id_for
 
 # ---------------------------------------------------------------- notifications
 

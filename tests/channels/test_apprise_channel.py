@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from channels import AppriseChannel, DeliveryError
-from channels.config import AppriseChannelConfig
+from changewatch.channels import AppriseChannel, DeliveryError
+from changewatch.channels.config import AppriseChannelConfig
 
 
 def channel() -> AppriseChannel:

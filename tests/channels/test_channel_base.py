@@ -7,9 +7,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-from pydantic import TypeAdapter, ValidationError
-
-from channels import (
+from changewatch.channels import (
     AppriseChannel,
     Channel,
     ConsoleChannel,
@@ -20,7 +18,8 @@ from channels import (
     build_channel,
     notification_id_for,
 )
-from channels.config import ChannelConfig, DigestConfig
+from changewatch.channels.config import ChannelConfig, DigestConfig
+from pydantic import TypeAdapter, ValidationError
 
 CHANNELS = TypeAdapter(ChannelConfig)
 

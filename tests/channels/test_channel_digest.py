@@ -7,15 +7,14 @@ import email.policy
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from channels import (
+from changewatch.channels import (
     DigestItem,
     build_digest_message,
     render_digest,
     send_email,
     write_digest_files,
 )
-from channels.config import DigestConfig, EmailChannelConfig
+from changewatch.channels.config import DigestConfig, EmailChannelConfig
 
 START = datetime(2024, 5, 1, 6, 0, tzinfo=UTC)  # 08:00 in Berlin (CEST)
 END = START + timedelta(days=1)

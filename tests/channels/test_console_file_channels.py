@@ -7,8 +7,7 @@ import json
 import threading
 
 import pytest
-
-from channels import ConsoleChannel, DeliveryError, FileChannel
+from changewatch.channels import ConsoleChannel, DeliveryError, FileChannel
 
 
 def test_console_prints_a_compact_block(notification_factory) -> None:

@@ -7,9 +7,8 @@ import email.policy
 import traceback
 
 import pytest
-
-from channels import DeliveryError, EmailChannel, build_notification_message
-from channels.config import EmailChannelConfig
+from changewatch.channels import DeliveryError, EmailChannel, build_notification_message
+from changewatch.channels.config import EmailChannelConfig
 
 PASSWORD = "s3cret-Pa55word"
 

@@ -9,17 +9,16 @@ from typing import Any
 
 import pytest
 import standardwebhooks
+from changewatch.channels.config import DigestConfig, EmailChannelConfig, WebhookChannelConfig
+from changewatch.channels.outbox import DeliveryPolicy, deliver_due, send_digest_window
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.evaluators.filters import compile_filter
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from cw_testing import demo_source_settings
-
-from channels.config import DigestConfig, EmailChannelConfig, WebhookChannelConfig
-from channels.outbox import DeliveryPolicy, deliver_due, send_digest_window
-from evaluators.config import Watch
-from evaluators.evaluate import evaluate_watch
-from evaluators.filters import compile_filter
-from sources.demo import DemoAPIServer
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.sync import run_sync
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # base64 of 24 bytes, test only
 

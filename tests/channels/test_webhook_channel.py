@@ -11,9 +11,8 @@ import traceback
 
 import pytest
 import standardwebhooks
-
-from channels import DeliveryError, WebhookChannel
-from channels.config import WebhookChannelConfig
+from changewatch.channels import DeliveryError, WebhookChannel
+from changewatch.channels.config import WebhookChannelConfig
 
 KEY = b"0123456789abcdef0123456789abcdef"
 SECRET = "whsec_" + base64.b64encode(KEY).decode()

@@ -9,17 +9,16 @@ from typing import Any
 
 import polars as pl
 import pytest
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.evaluators.filters import compile_filter
+from changewatch.evaluators.judge import Judge
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from cw_testing import PG_URL, demo_source_settings
 from openai_server import FakeOpenAIServer, Reply, label_judge
-
-from evaluators.config import Watch
-from evaluators.evaluate import evaluate_watch
-from evaluators.filters import compile_filter
-from evaluators.judge import Judge
-from sources.demo import DemoAPIServer
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.sync import run_sync
 
 COLUMNS: dict[str, Any] = {
     "number": "bigint",
@@ -331,7 +330,7 @@ def test_a_filter_failing_on_some_values_holds_those_changes_and_settles_the_res
 def test_a_filter_failing_on_every_change_fails_and_keeps_them_waiting(
     warehouse_url: str, demo_api: DemoAPIServer
 ) -> None:
-    from evaluators.evaluate import FilterRuntimeError
+    from changewatch.evaluators.evaluate import FilterRuntimeError
 
     source = demo_config(demo_api)
     sync(warehouse_url, source)

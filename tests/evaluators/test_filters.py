@@ -13,11 +13,10 @@ import duckdb
 import polars as pl
 import pytest
 import yaml
-
-from evaluators.filters import CompiledFilter, FilterError, compile_filter
-from warehouse.backends import Warehouse, connect
-from warehouse.schema import SQL_TYPES
-from warehouse.statements import quote, render
+from changewatch.evaluators.filters import CompiledFilter, FilterError, compile_filter
+from changewatch.warehouse.backends import Warehouse, connect
+from changewatch.warehouse.schema import SQL_TYPES
+from changewatch.warehouse.statements import quote, render
 
 CASES = Path(__file__).parent / "filter_cases"
 FIXTURE = yaml.safe_load((CASES / "changes.yaml").read_text())
@@ -153,7 +152,7 @@ def test_compiling_never_touches_a_database(monkeypatch: pytest.MonkeyPatch) -> 
         compiled = compile_filter(case["where"], watch="accepted", columns=COLUMNS)
         compiled.to_sql("duckdb")
         compiled.to_sql("postgres")
-    import evaluators.filters as module
+    import changewatch.evaluators.filters as module
 
     assert not {"duckdb", "adbc_driver_postgresql", "warehouse"} & set(vars(module))
 

@@ -9,10 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from openai_server import FakeOpenAIServer, Reply
-
-from evaluators.config import JudgeConfig
-from evaluators.judge import (
+from changewatch.evaluators.config import JudgeConfig
+from changewatch.evaluators.judge import (
     ChangeForJudge,
     Judge,
     JudgeConfigError,
@@ -21,6 +19,7 @@ from evaluators.judge import (
     build_client,
     judge_version,
 )
+from openai_server import FakeOpenAIServer, Reply
 
 KEY_ENV = "CW_TEST_JUDGE_KEY"
 KEY = "sk-test-S3CRET-0123456789abcdef"

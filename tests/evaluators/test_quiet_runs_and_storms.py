@@ -5,15 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.evaluators.filters import compile_filter
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import held_changes, release_changes, run_sync
 from cw_testing import demo_source_settings
-
-from evaluators.config import Watch
-from evaluators.evaluate import evaluate_watch
-from evaluators.filters import compile_filter
-from sources.demo import DemoAPIServer, DemoTracker
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.sync import held_changes, release_changes, run_sync
 
 COLUMNS: dict[str, Any] = {
     "number": "bigint",

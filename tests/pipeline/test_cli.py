@@ -14,9 +14,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from changewatch.sources.demo import DemoTracker
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
-
-from sources.demo import DemoTracker
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "changewatch.pipeline.cli", *args],
         cwd=cwd,
         env=environ | env,
         capture_output=True,

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from pipeline.config import ConfigError, load_config
+from changewatch.pipeline.config import ConfigError, load_config
 
 CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +88,7 @@ def test_bad_config_writes_nothing(tmp_path: Path) -> None:
         DAGSTER_HOME=str(tmp_path),
     )
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "sync"],
+        [sys.executable, "-m", "changewatch.pipeline.cli", "sync"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

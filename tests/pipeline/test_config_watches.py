@@ -6,8 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-
-from pipeline.config import ConfigError, load_config
+from changewatch.pipeline.config import ConfigError, load_config
 
 SOURCE = """\
 version: 1
@@ -145,8 +144,8 @@ channels:
 
 
 def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
-    from pipeline.assets import FULL_TAG
-    from pipeline.wiring import build_definitions
+    from changewatch.pipeline.assets import FULL_TAG
+    from changewatch.pipeline.wiring import build_definitions
 
     path = tmp_path / "watches.yaml"
     path.write_text(
@@ -183,7 +182,7 @@ def test_broken_templates_fail_at_load(tmp_path: Path) -> None:
 def test_retention_gets_an_asset_and_a_schedule_and_bad_settings_are_named(
     tmp_path: Path,
 ) -> None:
-    from pipeline.wiring import build_definitions
+    from changewatch.pipeline.wiring import build_definitions
 
     path = write(tmp_path, "retention:\n  changes: 90d\n  sync_runs: 30d\n  cron: '0 4 * * *'\n")
     config = load_config(path)

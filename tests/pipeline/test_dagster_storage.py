@@ -21,16 +21,15 @@ import dagster as dg
 import psycopg2
 import pytest
 import yaml
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import source_job_assets
+from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.warehouse import connect
 from cw_testing import PG_URL  # the warehouse tests' server: if it is down, these fail too
 from dagster._core.run_coordinator import QueuedRunCoordinator
-
-from pipeline.assets import SOURCE_TAG
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.runner import source_job_assets
-from pipeline.watch_assets import NOTIFICATIONS_ASSET
-from pipeline.wiring import build_definitions
-from warehouse import connect
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT_DAGSTER_YAML = REPO / "dagster.yaml"

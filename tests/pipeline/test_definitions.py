@@ -16,15 +16,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-
-from pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
-from pipeline.runner import source_job_assets
-from pipeline.sensors import SYNC_SENSOR, sync_job_name
-from pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
-from pipeline.wiring import build_definitions
-from warehouse import DEFAULT_URL
+from changewatch.pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
+from changewatch.pipeline.runner import source_job_assets
+from changewatch.pipeline.sensors import SYNC_SENSOR, sync_job_name
+from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.warehouse import DEFAULT_URL
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHES = REPO / "watches.yaml"

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import materialize, source_job_assets
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.warehouse import connect
 from cw_testing import REPO
 from openai_server import FakeOpenAIServer, label_judge
-
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.runner import materialize, source_job_assets
-from sources.demo import DemoAPIServer
-from warehouse import connect
 
 security_model = label_judge("security")
 

@@ -20,6 +20,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import source_job_assets
+from changewatch.pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
+from changewatch.pipeline.timing import jitter_offset
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.warehouse import connect
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
 from dagster._core.workspace.load_target import PythonFileTarget
@@ -27,15 +35,6 @@ from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
     QueuedRunCoordinatorDaemon,
 )
 from dagster._daemon.sensor import execute_sensor_iteration
-
-from pipeline.assets import SOURCE_TAG
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.runner import source_job_assets
-from pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
-from pipeline.timing import jitter_offset
-from pipeline.wiring import build_definitions
-from warehouse import connect
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHES = REPO / "watches.yaml"

@@ -6,13 +6,12 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-
-from pipeline.assets import STORM_CHECK
-from pipeline.cli import main as cli
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.wiring import build_definitions
-from sources.demo import DemoAPIServer
+from changewatch.pipeline.assets import STORM_CHECK
+from changewatch.pipeline.cli import main as cli
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.sources.demo import DemoAPIServer
 
 CONFIG = """\
 version: 1

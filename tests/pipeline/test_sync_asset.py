@@ -15,13 +15,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import pytest
-
-from pipeline.assets import SOURCE_TAG
-from pipeline.config import load_config
-from pipeline.resources import WAREHOUSE_URL_ENV
-from pipeline.wiring import build_definitions
-from sources.normalize import HASH_COLUMN
-from warehouse import connect
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.sources.normalize import HASH_COLUMN
+from changewatch.warehouse import connect
 
 FAKE_PASSWORD = "pw-never-in-metadata-7Qx"
 

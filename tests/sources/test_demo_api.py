@@ -9,13 +9,12 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import changewatch.sources.demo.tracker as tracker_module
 import httpx
 import orjson
 import pytest
-
-import sources.demo.tracker as tracker_module
-from sources.demo import DemoAPIServer, DemoTracker
-from sources.demo.tracker import LABELS
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.sources.demo.tracker import LABELS
 
 ISSUES = "/repos/acme/widgets/issues"
 STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")

@@ -11,15 +11,19 @@ from typing import Any
 import polars as pl
 import pytest
 from apiserver import ApiServer, Received, Reply
+from changewatch.sources.base import Validator
+from changewatch.sources.errors import FetchError, PayloadError
+from changewatch.sources.feed import (
+    DEFAULT_COLUMNS,
+    FeedSource,
+    FeedSourceConfig,
+    build_feed_source,
+)
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.normalize import HASH_COLUMN, normalize
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from pydantic import ValidationError
-
-from sources.base import Validator
-from sources.errors import FetchError, PayloadError
-from sources.feed import DEFAULT_COLUMNS, FeedSource, FeedSourceConfig, build_feed_source
-from sources.http import HttpClient, HttpPolicy
-from sources.normalize import HASH_COLUMN, normalize
-from warehouse import connect
-from warehouse.sync import run_sync
 
 FEEDS = Path(__file__).parent / "feeds"
 SECRET = "feed-tok-5e4d3c2b1a"

@@ -8,14 +8,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from changewatch.sources.errors import FetchError, RateLimited
+from changewatch.sources.github import GitHubSource, GitHubSourceConfig, build_github_source
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.normalize import normalize
+from changewatch.sources.ratelimit import RateLimits
 from github_server import Clock, FakeGitHub
 from pydantic import ValidationError
-
-from sources.errors import FetchError, RateLimited
-from sources.github import GitHubSource, GitHubSourceConfig, build_github_source
-from sources.http import HttpClient, HttpPolicy
-from sources.normalize import normalize
-from sources.ratelimit import RateLimits
 
 SECRET = "ghp_s3cr3tT0kenValue9876"
 SYNCED_AT = datetime(2024, 6, 1, tzinfo=UTC)

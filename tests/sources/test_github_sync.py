@@ -7,13 +7,12 @@ import random
 from typing import Any
 
 import pytest
+from changewatch.sources.github import build_github_source
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.ratelimit import RateLimits
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from github_server import Clock, FakeGitHub
-
-from sources.github import build_github_source
-from sources.http import HttpClient, HttpPolicy
-from sources.ratelimit import RateLimits
-from warehouse import connect
-from warehouse.sync import run_sync
 
 SECRET = "ghp_syncTestToken1234"
 

@@ -9,10 +9,9 @@ from email.utils import formatdate
 
 import pytest
 from apiserver import ApiServer, Reply
-
-from sources.errors import FetchError
-from sources.http import HttpClient, HttpPolicy, retry_after_seconds
-from sources.ratelimit import RateLimits
+from changewatch.sources.errors import FetchError
+from changewatch.sources.http import HttpClient, HttpPolicy, retry_after_seconds
+from changewatch.sources.ratelimit import RateLimits
 
 SECRET = "s3cr3t-value-123"
 

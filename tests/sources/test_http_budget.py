@@ -13,12 +13,11 @@ from email.utils import formatdate
 
 import pytest
 from apiserver import ApiServer, Reply
+from changewatch.sources.base import Validator
+from changewatch.sources.errors import RateLimited
+from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
+from changewatch.sources.ratelimit import RateLimits, credential_id
 from github_server import Clock, FakeGitHub
-
-from sources.base import Validator
-from sources.errors import RateLimited
-from sources.http import HttpClient, HttpPolicy, validator_of
-from sources.ratelimit import RateLimits, credential_id
 
 TOKEN_A = "ghp_tokenAAAAAAAAAAAA"
 TOKEN_B = "ghp_tokenBBBBBBBBBBBB"

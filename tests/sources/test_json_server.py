@@ -21,13 +21,12 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
+from changewatch.pipeline.config import load_config
+from changewatch.sources import build_source
+from changewatch.sources.rest import RestSource
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from cw_testing import REPO
-
-from pipeline.config import load_config
-from sources import build_source
-from sources.rest import RestSource
-from warehouse import connect
-from warehouse.sync import run_sync
 
 PACKAGE = REPO / "tests" / "jsonserver"
 BINARY = PACKAGE / "node_modules" / ".bin" / "json-server"

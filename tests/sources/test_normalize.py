@@ -9,11 +9,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from sources.base import FetchResult, SourceBase
-from sources.errors import PayloadError
-from sources.normalize import HASH_COLUMN, RAW_COLUMN
-from sources.normalize import normalize as normalize_fetch
+from changewatch.sources.base import FetchResult, SourceBase
+from changewatch.sources.errors import PayloadError
+from changewatch.sources.normalize import HASH_COLUMN, RAW_COLUMN
+from changewatch.sources.normalize import normalize as normalize_fetch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from apiserver import ApiServer, Reply
-
-from sources.errors import FetchError
-from sources.rest import RestSource, RestSourceConfig
+from changewatch.sources.errors import FetchError
+from changewatch.sources.rest import RestSource, RestSourceConfig
 
 
 def test_link_to_another_host_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,15 +8,14 @@ from typing import Any
 
 import pytest
 from apiserver import ApiServer, Received, Reply
+from changewatch.sources.errors import FetchError, PayloadError
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.rest import RestSource, RestSourceConfig, build_rest_source
+from changewatch.sources.rest.config import Incremental
+from changewatch.sources.rest.source import cursor_param
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from pydantic import ValidationError
-
-from sources.errors import FetchError, PayloadError
-from sources.http import HttpClient, HttpPolicy
-from sources.rest import RestSource, RestSourceConfig, build_rest_source
-from sources.rest.config import Incremental
-from sources.rest.source import cursor_param
-from warehouse import connect
-from warehouse.sync import run_sync
 
 
 @pytest.fixture

@@ -9,14 +9,13 @@ from typing import Any
 import httpx
 import pytest
 from apiserver import ApiServer, Received, Reply
+from changewatch.sources.base import Validator
+from changewatch.sources.errors import FetchError, PayloadError, SourceError
+from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.rest import RestSource, RestSourceConfig, build_rest_source
+from changewatch.sources.rest.paginators import PageRequest
+from changewatch.sources.rest.source import request_key
 from pydantic import ValidationError
-
-from sources.base import Validator
-from sources.errors import FetchError, PayloadError, SourceError
-from sources.http import HttpClient, HttpPolicy
-from sources.rest import RestSource, RestSourceConfig, build_rest_source
-from sources.rest.paginators import PageRequest
-from sources.rest.source import request_key
 
 SECRET = "tok-9f8e7d6c5b4a"
 

@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 from apiserver import ApiServer, Reply
-
-from sources.errors import PayloadError
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.sync import run_sync
+from changewatch.sources.errors import PayloadError
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 
 BEFORE = [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}]
 AFTER = [{"id": 1, "name": "a", "score": 7}, {"id": 2, "name": "b", "score": 9}]

@@ -8,13 +8,12 @@ from datetime import UTC, datetime
 
 import orjson
 import pytest
+from changewatch.sources.base import FetchResult, SourceBase
+from changewatch.sources.errors import PayloadError
+from changewatch.sources.normalize import normalize_with_fields
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.sources.stream import StreamingNormalizer
 from polars.testing import assert_frame_equal
-
-from sources.base import FetchResult, SourceBase
-from sources.errors import PayloadError
-from sources.normalize import normalize_with_fields
-from sources.rest import RestSource, RestSourceConfig
-from sources.stream import StreamingNormalizer
 
 SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)
 

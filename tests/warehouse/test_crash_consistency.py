@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 
 import polars as pl
-
-from sources.demo import DemoAPIServer, DemoTracker
-from warehouse import connect
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.warehouse import connect
 
 REPO = Path(__file__).resolve().parents[2]
 ISSUES = 30_000
 PER_PAGE = 100  # as in watches.yaml
 
 
-SYNC = [sys.executable, "-m", "pipeline.cli", "sync", "demo_issues"]
+SYNC = [sys.executable, "-m", "changewatch.pipeline.cli", "sync", "demo_issues"]
 
 
 def sync_to_end(env: dict[str, str], cwd: Path) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from changewatch.evaluators.config import Watch
+from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.evaluators.filters import compile_filter
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.retention import RetentionConfig, prune
+from changewatch.warehouse.sync import run_sync
 from cw_testing import demo_source_settings
-
-from evaluators.config import Watch
-from evaluators.evaluate import evaluate_watch
-from evaluators.filters import compile_filter
-from sources.demo import DemoAPIServer
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.retention import RetentionConfig, prune
-from warehouse.sync import run_sync
 
 COLUMNS: dict[str, Any] = {
     "number": "bigint",
@@ -94,7 +93,7 @@ def test_retention_keeps_what_watches_and_syncs_need(
 def test_released_changes_stay_until_every_watch_has_evaluated_them(
     warehouse_url: str, demo_api: DemoAPIServer
 ) -> None:
-    from warehouse.sync import held_changes, release_changes
+    from changewatch.warehouse.sync import held_changes, release_changes
 
     settings = demo_source_settings(demo_api.url, COLUMNS, storm={"max_share": 0.2, "min_rows": 10})
     source = RestSourceConfig.model_validate(settings)
@@ -123,8 +122,8 @@ def test_released_changes_stay_until_every_watch_has_evaluated_them(
 def test_a_digest_keeps_its_notifications_content_until_it_has_gone_out(
     warehouse_url: str, demo_api: DemoAPIServer, tmp_path
 ) -> None:
-    from channels.config import DigestConfig
-    from channels.outbox import send_digest_window
+    from changewatch.channels.config import DigestConfig
+    from changewatch.channels.outbox import send_digest_window
 
     source = RestSourceConfig.model_validate(demo_source_settings(demo_api.url, COLUMNS))
     watch = Watch(name="bugs", sources=["demo_issues"], where="'bug' IN labels", channels=[])
@@ -157,9 +156,8 @@ def test_a_digest_keeps_its_notifications_content_until_it_has_gone_out(
 
 
 def test_cached_verdicts_go_after_their_age(warehouse_url: str, demo_api: DemoAPIServer) -> None:
+    from changewatch.evaluators.judge import Judge
     from openai_server import FakeOpenAIServer, label_judge
-
-    from evaluators.judge import Judge
 
     source = RestSourceConfig.model_validate(demo_source_settings(demo_api.url, COLUMNS))
     with FakeOpenAIServer(respond=label_judge("security")) as llm:

@@ -7,13 +7,12 @@ from typing import Any
 
 import polars as pl
 import pytest
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.sources.errors import FetchError, PayloadError
+from changewatch.sources.rest import RestSource, RestSourceConfig
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import SyncConflict, run_sync
 from cw_testing import PG_URL, demo_source_settings
-
-from sources.demo import DemoAPIServer
-from sources.errors import FetchError, PayloadError
-from sources.rest import RestSource, RestSourceConfig
-from warehouse import connect
-from warehouse.sync import SyncConflict, run_sync
 
 COLUMNS: dict[str, Any] = {
     "number": "bigint",
