@@ -4,6 +4,7 @@
 # at definition time to recognise the context and resource parameters.
 
 import dagster as dg
+from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.resources import WarehouseResource
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
@@ -32,6 +33,7 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
         pool=WAREHOUSE_POOL,
         kinds={"python", "sql"},
         tags={SOURCE_TAG: source.name},
+        freshness_policy=source_freshness(source),
         description=(
             source.description
             or f"{source.name}: {source.type} source synced into table `{source.table}` "

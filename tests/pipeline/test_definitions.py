@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -321,3 +321,33 @@ def test_dagster_validate_names_file_line_and_key_of_a_bad_config(tmp_path):
     assert result.returncode != 0, output
     assert f"{bad}:{anchor + 2}: sources[0].retry_forever: unknown key 'retry_forever'" in output
     assert "Validation successful" not in output
+
+
+def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_path):
+    data = bundled()
+    interval_source = data["sources"][0]  # every 5m, jitter 20s
+    weekday_source = {
+        **interval_source,
+        "name": "weekday_issues",
+        "table": "weekday_issues",
+        "cron": "15 3 * * 1-5",
+        "timezone": "Europe/Berlin",
+    }
+    fast_source = {**interval_source, "name": "fast", "table": "fast", "interval": "5s"}
+    fast_source.pop("jitter")
+    data["sources"] += [weekday_source, fast_source]
+    defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
+    graph = defs.resolve_asset_graph()
+
+    def windows(table: str) -> tuple[timedelta, timedelta]:
+        policy = graph.get(dg.AssetKey(table)).freshness_policy
+        return policy.warn_window.to_timedelta(), policy.fail_window.to_timedelta()
+
+    period = timedelta(minutes=5, seconds=20)
+    assert windows("issues") == (2 * period, 3 * period)
+    # Weekdays only: the longest gap is the weekend, so Monday's sync is not late on Sunday.
+    assert windows("weekday_issues") == (2 * timedelta(days=3), 3 * timedelta(days=3))
+    # Dagster's floor: windows of at least a minute.
+    assert windows("fast") == (timedelta(minutes=1), timedelta(minutes=2))
+    # Only what syncs has a clock: evaluations follow their source.
+    assert graph.get(dg.AssetKey("eval_new_bugs")).freshness_policy is None
