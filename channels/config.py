@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 # The fields a digest's subject template may use.
-SUBJECT_FIELDS = ("count", "window", "name", "watches", "start", "end")
+SUBJECT_FIELDS = ("count", "window", "name", "watches", "start", "end", "day")
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -139,7 +139,8 @@ class DigestConfig(_Model):
     channel: Identifier | None = None
     to: list[EmailAddress] | None = None
     watches: list[Identifier] = Field(min_length=1)
-    subject: str = "changewatch digest: {count} change(s) for {window}"
+    # Names the digest and, with a short name, stays within one 78-character header line.
+    subject: str = "changewatch {name} digest for {day}: {count} change(s)"
     send_empty: bool = False
     # Without a reachable SMTP server (the demo), digests are also written here as .eml/.html.
     output_dir: str | None = None

@@ -58,6 +58,9 @@ class Watch(_Model):
     title: str = "{{ watch }}: {{ kind }} of {{ source }} {{ key }}"
     body: str = "{{ summary }}"
     url: str = "{{ current.html_url or current.url or '' }}"
+    # The heading of this watch's section in digests (`title` is each notification's);
+    # default: the name made readable, "closed_issues" -> "Closed issues".
+    heading: str | None = Field(default=None, min_length=1, max_length=200)
 
     @model_validator(mode="after")
     def _templates_parse(self) -> Watch:

@@ -97,6 +97,10 @@ class ChangewatchConfig(BaseModel):
             for source in self.sources
         }
 
+    def headings(self, digest: DigestConfig) -> dict[str, str]:
+        """The section headings a digest gives its watches (those that declare one)."""
+        return {w.name: w.heading for w in self.watches if w.name in digest.watches and w.heading}
+
     def channel(self, name: str) -> ChannelConfig:
         """The channel called ``name``."""
         for channel in self.channels:

@@ -205,7 +205,7 @@ def test_digest_window_is_sent_once(
     html = message.get_body(preferencelist=("html",)).get_content()  # type: ignore[union-attr]
     for n in (1, 2, 3):
         assert f"Issue #{n}:" in text and f"Issue #{n}:" in html
-    assert "first_issues" in text and "https://demo.changewatch.local/" in html
+    assert "First issues" in text and "https://demo.changewatch.local/" in html
     assert {p.suffix for p in (tmp_path / "digests").iterdir()} == {".eml", ".html"}
     with connect(warehouse_url) as wh:
         recorded = wh.fetch("SELECT status, item_count FROM digests")
