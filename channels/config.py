@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import string
-from datetime import date
+from datetime import date, timedelta
 from typing import Annotated, Literal
 
 from changewatch.sources.base import EnvVarName, Identifier
@@ -22,6 +22,9 @@ __all__ = [
 
 # The fields a digest's subject template may use.
 SUBJECT_FIELDS = ("count", "window", "name", "watches", "start", "end", "day")
+# Without `start:`, a digest's days begin this long before the code location loads: enough
+# for the Dagster UI to offer last week's digests, without a wall of unsent days.
+DEFAULT_DIGEST_BACKFILL = timedelta(days=7)
 
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+$")
 
@@ -144,14 +147,18 @@ class DigestConfig(_Model):
     send_empty: bool = False
     # Without a reachable SMTP server (the demo), digests are also written here as .eml/.html.
     output_dir: str | None = None
-    # The first day a digest exists for (backfills start here).
-    start_date: date = date(2026, 1, 1)
+    # The first day a digest exists for (backfills start here); default: a week ago.
+    start: date | None = None
 
     @model_validator(mode="after")
     def _somewhere_to_go(self) -> DigestConfig:
         if self.channel is None and self.output_dir is None:
             raise ValueError("a digest needs an email channel, an output_dir, or both")
         return self
+
+    def first_day(self, today: date) -> date:
+        """The first day of the digest: `start`, else a week before `today`."""
+        return self.start or today - DEFAULT_DIGEST_BACKFILL
 
     @field_validator("timezone")
     @classmethod

@@ -9,7 +9,7 @@ crash is never retried blindly: it may have arrived, and a notification goes out
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,7 +24,14 @@ from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import ensure_delivery_tables
 from changewatch.warehouse.statements import render
 
-__all__ = ["DeliveryPolicy", "DeliveryStats", "DigestResult", "deliver_due", "send_digest_window"]
+__all__ = [
+    "DeliveryPolicy",
+    "DeliveryStats",
+    "DigestResult",
+    "DigestWindowOpen",
+    "deliver_due",
+    "send_digest_window",
+]
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,10 @@ def _notification(row: dict[str, Any]) -> Notification:
     )
 
 
+class DigestWindowOpen(ValueError):
+    """A digest window that has not ended yet was to be sent whole."""
+
+
 @dataclass
 class DigestResult:
     """What one digest window came to."""
@@ -183,6 +194,8 @@ class DigestResult:
     items: int = 0
     files: tuple[str, ...] = ()
     error: str | None = None
+    # The window so far, sent without closing it.
+    partial: bool = False
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -190,6 +203,7 @@ class DigestResult:
             "items": self.items,
             "files": ", ".join(self.files),
             "error": self.error or "",
+            "partial": self.partial,
         }
 
 
@@ -200,23 +214,45 @@ def send_digest_window(
     *,
     window_start: datetime,
     window_end: datetime,
+    headings: Mapping[str, str] | None = None,
+    partial: bool = False,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> DigestResult:
-    """Send (and/or write) the digest of ``[window_start, window_end)`` unless already sent."""
+    """Send (and/or write) the digest of ``[window_start, window_end)`` unless already sent.
+
+    Only a window that has ended is sent, and then once: notifications still to come in it
+    would otherwise reach no digest (DigestWindowOpen says so). ``partial`` sends the
+    notifications so far without recording the window, whose whole digest still goes out
+    once it has ended. ``headings`` name the watches' sections (default: their names).
+    """
+    sent_at = now()
+    if partial:
+        window_end = min(window_end, sent_at)
+    elif window_end > sent_at:
+        raise DigestWindowOpen(
+            f"digest {digest.name!r}: the window {window_start.isoformat()} to "
+            f"{window_end.isoformat()} has not ended, so it is not sent yet (notifications "
+            "still to come in it would reach no digest); a partial digest sends the items "
+            "so far and leaves it open"
+        )
     with wh.transaction():
         ensure_delivery_tables(wh)
     rows = wh.fetch_frame(
         render("select_outbox_window", wh.dialect), (window_start, window_end, list(digest.watches))
     )
     if rows.is_empty() and not digest.send_empty:
-        return DigestResult("empty")
-    with wh.transaction():
-        claimed = wh.fetch(
-            render("claim_digests", wh.dialect),
-            (digest.name, window_start, window_end, rows.height, now()),
-        )
-    if not claimed:
-        return DigestResult("already_sent", items=rows.height)
+        return DigestResult("empty", partial=partial)
+    if not partial:
+        with wh.transaction():
+            claimed = wh.fetch(
+                render("claim_digests", wh.dialect),
+                (digest.name, window_start, window_end, rows.height, sent_at),
+            )
+        if not claimed:
+            [(sent,)] = wh.fetch(
+                render("select_item_count_digests", wh.dialect), (digest.name, window_start)
+            )
+            return DigestResult("already_sent", items=sent)
     items = [DigestItem.from_notification(_notification(r)) for r in rows.iter_rows(named=True)]
     sender = channel or EmailChannelConfig.model_validate(
         # No SMTP channel: the message is only written to files, addressed for reading.
@@ -229,9 +265,18 @@ def send_digest_window(
         }
     )
     message = build_digest_message(
-        digest, sender, window_start=window_start, window_end=window_end, items=items
+        digest,
+        sender,
+        window_start=window_start,
+        window_end=window_end,
+        items=items,
+        sent_at=sent_at,
+        headings=headings,
+        partial=partial,
     )
-    result = DigestResult("written" if channel is None else "sent", items=len(items))
+    result = DigestResult(
+        "written" if channel is None else "sent", items=len(items), partial=partial
+    )
     try:
         if digest.output_dir:
             result.files = tuple(str(p) for p in write_digest_files(message, digest.output_dir))
@@ -239,6 +284,8 @@ def send_digest_window(
             send_email(message, channel)
     except (DeliveryError, OSError) as failure:
         result.status, result.error = "failed", str(failure)[:1000]
+    if partial:
+        return result  # nothing recorded: the window stays open for its whole digest
     with wh.transaction():
         wh.execute(
             render("finish_digests", wh.dialect),

@@ -57,6 +57,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     digest = commands.add_parser("digest", help="send one day's digest (default: yesterday)")
     digest.add_argument("name")
     digest.add_argument("--day", type=date.fromisoformat, help="YYYY-MM-DD in the digest's zone")
+    digest.add_argument(
+        "--partial",
+        action="store_true",
+        help="send the day so far and leave it open (its whole digest still goes out later)",
+    )
 
     api = commands.add_parser("demo-api", help="serve the demo API until Ctrl-C")
     api.add_argument("--port", type=int, default=8765)
@@ -88,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "validate":
             return _validate(config)
         if args.command == "digest":
-            return _digest(config, args.name, args.day)
+            return _digest(config, args.name, args.day, partial=args.partial)
         if args.command == "release":
             return _release(config, args.source, discard=args.discard)
         if args.command == "prune":
@@ -152,16 +157,21 @@ def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full
     return 0
 
 
-def _digest(config: ChangewatchConfig, name: str, day: date | None) -> int:
+def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: bool) -> int:
+    from changewatch.pipeline.digests import send_day
+
     digest = next((d for d in config.digests if d.name == name), None)
     if digest is None:
         print(f"changewatch: no digest {name!r}", file=sys.stderr)
         return 2
     if day is None:
         day = datetime.now(ZoneInfo(digest.timezone)).date() - timedelta(days=1)
-    results = materialize(config, [f"digest_{name}"], instance(), partition_key=day.isoformat())
-    for asset, meta in results.items():
-        print(summarize(asset, meta))
+    try:
+        meta = send_day(config, digest, day, partial=partial)
+    except ValueError as refused:  # the day is not over, or before the digest's start
+        print(f"changewatch: {refused}", file=sys.stderr)
+        return 1
+    print(summarize(f"digest_{name}", meta))
     return 0
 
 
@@ -209,7 +219,8 @@ def summarize(asset: str, meta: dict) -> str:
         )
     if "status" in meta:
         files = f" -> {meta['files']}" if meta.get("files") else ""
-        return f"{asset}: {meta['status']}, {meta['items']} item(s){files}"
+        so_far = " so far (partial: the day stays open)" if meta.get("partial") else ""
+        return f"{asset}: {meta['status']}{so_far}, {meta['items']} item(s){files}"
     return f"{asset}: {meta}"
 
 

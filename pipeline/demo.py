@@ -8,8 +8,10 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+from changewatch.channels.outbox import DigestWindowOpen
 from changewatch.pipeline.cli import summarize
 from changewatch.pipeline.config import load_config
+from changewatch.pipeline.digests import send_day
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.runner import instance, materialize, source_job_assets, sync_tags
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
@@ -68,14 +70,16 @@ def run_demo(args: argparse.Namespace) -> int:
         run("third run, after the changes: only those changes are evaluated")
 
         for digest in config.digests:
-            today = datetime.now(ZoneInfo(digest.timezone)).date().isoformat()
-            print(f"\n== digest {digest.name} for {today} (sent once per day; a re-run is a no-op)")
-            for attempt in (1, 2):
-                results = materialize(
-                    config, [f"digest_{digest.name}"], dagster, partition_key=today
-                )
-                for asset, meta in results.items():
-                    print(("" if attempt == 1 else "again: ") + summarize(asset, meta))
+            # Today is not over: its digest, sent once per day, would miss what comes later.
+            # The demo shows the day so far, which leaves the day open.
+            today = datetime.now(ZoneInfo(digest.timezone)).date()
+            print(f"\n== digest {digest.name} for {today}, so far (a partial digest)")
+            meta = send_day(config, digest, today, partial=True)
+            print(summarize(f"digest_{digest.name}", meta))
+            try:
+                send_day(config, digest, today, dagster_instance=dagster)
+            except DigestWindowOpen as refused:
+                print(f"the whole day: not sent yet: {refused}")
 
     where = duckdb_path(url).resolve() if url.startswith("duckdb") else describe_url(url)
     print(f"\nwarehouse: {where}")

@@ -3,6 +3,9 @@
 # No `from __future__ import annotations` here: Dagster reads the asset function's annotations
 # at definition time to recognise the context and resource parameters.
 
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
 import dagster as dg
 from changewatch.channels.config import DigestConfig
 from changewatch.evaluators.config import Watch
@@ -122,9 +125,11 @@ def notifications_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
 
 
 def digest_partitions(digest: DigestConfig) -> dg.DailyPartitionsDefinition:
-    # end_offset=1: today's window exists too (sent on demand); the schedule sends yesterday.
+    # Only days that have ended are partitions: a day's digest is sent once, so sending it
+    # before the day is over would lose what comes later (`digest --partial` previews it).
+    today = datetime.now(ZoneInfo(digest.timezone)).date()
     return dg.DailyPartitionsDefinition(
-        start_date=digest.start_date.isoformat(), timezone=digest.timezone, end_offset=1
+        start_date=digest.first_day(today).isoformat(), timezone=digest.timezone
     )
 
 
@@ -133,6 +138,7 @@ def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDe
     from changewatch.channels.outbox import send_digest_window
 
     channel = config.channel(digest.channel) if digest.channel else None
+    headings = config.headings(digest)
 
     @dg.asset(
         name=f"digest_{digest.name}",
@@ -153,7 +159,12 @@ def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDe
         window = context.partition_time_window
         with warehouse.connect() as wh:
             result = send_digest_window(
-                wh, digest, channel, window_start=window.start, window_end=window.end
+                wh,
+                digest,
+                channel,
+                window_start=window.start,
+                window_end=window.end,
+                headings=headings,
             )
         context.log.info(f"digest {digest.name} {context.partition_key}: {result.status}")
         return dg.MaterializeResult(metadata=result.metadata())

@@ -23,14 +23,22 @@ from cw_testing import demo_source_settings
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # base64 of 24 bytes, test only
 
 
-def queue_notifications(url: str, api: DemoAPIServer, channels: list[str], count: int = 3) -> None:
-    """Sync the demo API and let a watch queue notifications for the first `count` issues."""
+def queue_notifications(
+    url: str,
+    api: DemoAPIServer,
+    channels: list[str],
+    count: int = 3,
+    name: str = "first_issues",
+    where: str | None = None,
+) -> None:
+    """Sync the demo API and let a watch queue notifications for the first `count` issues
+    (or those `where` says)."""
     columns = {"number": "bigint", "title": "text", "html_url": "text", "updated_at": "timestamp"}
     source = RestSourceConfig.model_validate(demo_source_settings(api.url, columns))
     watch = Watch(
-        name="first_issues",
+        name=name,
         sources=["demo_issues"],
-        where=f"number <= {count}",
+        where=where or f"number <= {count}",
         channels=channels,
         title="Issue #{{ key }}: {{ new.title }}",
     )
@@ -48,6 +56,11 @@ def queued_day(url: str) -> datetime:
     with connect(url) as wh:
         (queued,) = wh.fetch("SELECT min(created_at) FROM outbox")[0]
     return queued.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def after(day: datetime, hours: float = 8) -> Any:
+    """A clock reading `hours` into the day after `day`: its window has ended."""
+    return lambda: day + timedelta(days=1, hours=hours)
 
 
 def webhook(receiver: Any) -> WebhookChannelConfig:
@@ -190,7 +203,7 @@ def test_digest_window_is_sent_once(
         output_dir=str(tmp_path / "digests"),
     )
     day = queued_day(warehouse_url)
-    window = {"window_start": day, "window_end": day + timedelta(days=1)}
+    window = {"window_start": day, "window_end": day + timedelta(days=1), "now": after(day)}
     with connect(warehouse_url) as wh:
         first = send_digest_window(wh, digest, mailer(smtp), **window)
         second = send_digest_window(wh, digest, mailer(smtp), **window)
@@ -233,7 +246,7 @@ def test_failed_digest_can_be_sent_later(
     queue_notifications(warehouse_url, demo_api, [], count=1)
     digest = DigestConfig(name="daily", channel="mail", watches=["first_issues"])
     day = queued_day(warehouse_url)
-    window = {"window_start": day, "window_end": day + timedelta(days=1)}
+    window = {"window_start": day, "window_end": day + timedelta(days=1), "now": after(day)}
     down = mailer(smtp_server()).model_copy(update={"port": closed_port})
     with connect(warehouse_url) as wh:
         assert send_digest_window(wh, digest, down, **window).status == "failed"
@@ -241,4 +254,66 @@ def test_failed_digest_can_be_sent_later(
     with connect(warehouse_url) as wh:
         assert send_digest_window(wh, digest, mailer(smtp), **window).status == "sent"
         assert send_digest_window(wh, digest, mailer(smtp), **window).status == "already_sent"
+    assert len(smtp.handler.messages) == 1
+
+
+def test_an_open_window_is_not_closed_and_a_partial_digest_leaves_it_open(
+    warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any
+) -> None:
+    smtp = smtp_server()
+    queue_notifications(warehouse_url, demo_api, [], count=3)
+    watches = ["first_issues", "later_issues"]
+    digest = DigestConfig(name="daily", channel="mail", watches=watches)
+    day = queued_day(warehouse_url)
+    window = {"window_start": day, "window_end": day + timedelta(days=1)}
+    # A watch of issues opened after the first sync: none yet.
+    queue_notifications(warehouse_url, demo_api, [], name="later_issues", where="number > 40")
+    with connect(warehouse_url) as wh:
+        # Today is not over: sending it whole would lose what comes later.
+        with pytest.raises(ValueError, match="'daily'.* has not ended"):  # DigestWindowOpen
+            send_digest_window(wh, digest, mailer(smtp), **window)
+        so_far = send_digest_window(wh, digest, mailer(smtp), **window, partial=True)
+        assert (so_far.status, so_far.items, so_far.partial) == ("sent", 3, True)
+        assert wh.fetch("SELECT count(*) FROM digests") == [(0,)]  # the day is still open
+    # Later that day, five issues are opened.
+    demo_api.tracker.mutate(create=5)
+    queue_notifications(warehouse_url, demo_api, [], name="later_issues", where="number > 40")
+    with connect(warehouse_url) as wh:
+        whole = send_digest_window(wh, digest, mailer(smtp), **window, now=after(day))
+        assert (whole.status, whole.items, whole.partial) == ("sent", 8, False)
+        assert wh.fetch("SELECT status, item_count FROM digests") == [("sent", 8)]
+    partial_mail, whole_mail = (
+        email.message_from_bytes(m.content, policy=email.policy.default)
+        for m in smtp.handler.messages
+    )
+    assert partial_mail["Subject"].endswith(": 3 change(s) (so far)")
+    assert whole_mail["Subject"].endswith(": 8 change(s)")
+    assert partial_mail["Message-ID"] != whole_mail["Message-ID"]
+    assert ".partial@" in partial_mail["Message-ID"]
+    # Date is when each was sent, not the end of the window.
+    assert email.utils.parsedate_to_datetime(whole_mail["Date"]) == after(day)()
+    assert email.utils.parsedate_to_datetime(partial_mail["Date"]) < day + timedelta(days=1)
+
+
+def test_a_rerun_reports_what_the_window_was_sent_with(
+    warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any
+) -> None:
+    smtp = smtp_server()
+    queue_notifications(warehouse_url, demo_api, [], count=2)
+    watches = ["first_issues", "later_issues"]
+    digest = DigestConfig(name="daily", channel="mail", watches=watches)
+    day = queued_day(warehouse_url)
+    window = {"window_start": day, "window_end": day + timedelta(days=1), "now": after(day)}
+    queue_notifications(warehouse_url, demo_api, [], name="later_issues", where="number > 40")
+    with connect(warehouse_url) as wh:
+        assert send_digest_window(wh, digest, mailer(smtp), **window).items == 2
+    # Notifications stamped inside the window that arrive after it went out (here: the
+    # clock is set past the window) are not counted as sent.
+    demo_api.tracker.mutate(create=4)
+    queue_notifications(warehouse_url, demo_api, [], name="later_issues", where="number > 40")
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT count(*) FROM outbox") == [(6,)]
+    with connect(warehouse_url) as wh:
+        again = send_digest_window(wh, digest, mailer(smtp), **window)
+    assert (again.status, again.items) == ("already_sent", 2)
     assert len(smtp.handler.messages) == 1

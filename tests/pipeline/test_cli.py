@@ -149,23 +149,36 @@ def test_demo_tells_the_whole_story(
             0,
         )
 
-    # The digest of today holds every notification; sent once, a re-run is a no-op.
+    # Today's digest so far holds every notification; the day stays open: its whole
+    # digest is not sent before the day has ended.
     count = len(notified)
+    day = re.search(r"^digest daily for (\d{4}-\d{2}-\d{2}), so far", digest_section)
+    assert day, digest_section
     written = re.search(
-        rf"^digest_daily: written, {count} item\(s\) -> (.+)$", digest_section, re.MULTILINE
+        rf"^digest_daily: written so far \(partial: the day stays open\), {count} item\(s\) "
+        r"-> (.+)$",
+        digest_section,
+        re.MULTILINE,
     )
     assert written, digest_section
-    assert f"\nagain: digest_daily: already_sent, {count} item(s)\n" in digest_section
+    assert f"\nthe whole day: not sent yet: digest 'daily': {day[1]} is not over" in digest_section
     files = [tmp_path / name for name in written[1].split(", ")]
     assert sorted(f.suffix for f in files) == [".eml", ".html"]
     assert all(f.is_file() for f in files)
     [eml] = [f for f in files if f.suffix == ".eml"]
     message = email.message_from_bytes(eml.read_bytes())
-    assert f"{count} change(s)" in message["Subject"]
+    assert message["Subject"] == (
+        f"changewatch daily digest for {day[1]}: {count} change(s) (so far)"
+    )
     [text] = [p for p in message.walk() if p.get_content_type() == "text/plain"]
     body = text.get_payload(decode=True).decode(text.get_content_charset() or "utf-8")
     for title in notified:
         assert title in body
+    # Under readable headings, with each watch's own body.
+    assert "New bugs (" in body and "new_bugs" not in body
+    assert ", opened by " in body
+    with duckdb.connect(str(tmp_path / ".changewatch" / "demo.duckdb"), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM digests").fetchall() == [(0,)]
 
     # The notifications file: one JSON line per delivered notification.
     lines = (tmp_path / ".changewatch" / "notifications.jsonl").read_text().splitlines()
@@ -191,12 +204,13 @@ def test_demo_tells_the_whole_story(
         ).fetchall()
         assert sent == [("console", count), ("notifications_file", count)]
 
-    # The three syncs and two digest runs are Dagster runs, recorded in the instance under
-    # DAGSTER_HOME (this folder, because it holds dagster.yaml), where `dagster dev` shows them.
+    # The three syncs are Dagster runs, recorded in the instance under DAGSTER_HOME (this
+    # folder, because it holds dagster.yaml), where `dagster dev` shows them. The partial
+    # digest is not: today's partition does not exist until the day has ended.
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         runs = instance.get_runs()
-        assert len(runs) == 5
+        assert len(runs) == 3
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         syncs = [run for run in runs if "changewatch/source" in run.tags]
         assert len(syncs) == 3
@@ -206,11 +220,7 @@ def test_demo_tells_the_whole_story(
         for run in syncs:
             events = instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
             assert {e.dagster_event.asset_key.to_user_string() for e in events} == job_assets
-        day = re.search(r"^digest daily for (\d{4}-\d{2}-\d{2}) ", digest_section)
-        assert day, digest_section
-        digests = [run for run in runs if run not in syncs]
-        assert [run.tags.get("dagster/partition") for run in digests] == [day[1], day[1]]
-        assert instance.get_materialized_partitions(AssetKey("digest_daily")) == {day[1]}
+        assert instance.get_materialized_partitions(AssetKey("digest_daily")) == set()
 
     # Running the demo again tells the same story: it starts from a clean slate.
     again = run_demo(tmp_path, llm_url)
@@ -218,8 +228,10 @@ def test_demo_tells_the_whole_story(
     assert sync_lines(again.stdout) == sync_lines(done.stdout)
     assert evaluations(again.stdout) == evaluations(done.stdout)
     assert DELIVERY_LINE.findall(again.stdout) == DELIVERY_LINE.findall(done.stdout)
-    assert f"digest_daily: written, {count} item(s)" in again.stdout
-    assert f"again: digest_daily: already_sent, {count} item(s)" in again.stdout
+    assert f"digest_daily: written so far (partial: the day stays open), {count} item(s)" in (
+        again.stdout
+    )
+    assert "the whole day: not sent yet: " in again.stdout
 
 
 def test_sql_command_reads_the_warehouse(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import closing
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
@@ -129,7 +129,8 @@ def test_documented_postgres_storage_records_runs_and_materializations(
         NOTIFICATIONS_ASSET,
     }
     [digest] = config.digests
-    day = datetime.now(ZoneInfo(digest.timezone)).date().isoformat()
+    # Yesterday: the last day that has ended, so the last partition.
+    day = (datetime.now(ZoneInfo(digest.timezone)).date() - timedelta(days=1)).isoformat()
     with dg.DagsterInstance.get() as instance:
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"

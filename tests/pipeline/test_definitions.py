@@ -141,8 +141,9 @@ def test_evaluation_delivery_and_digest_assets(defs):
     partitions = asset.partitions_def
     assert isinstance(partitions, dg.DailyPartitionsDefinition)
     assert partitions.timezone == digest.timezone == "UTC"
-    assert partitions.start.date() == digest.start_date
-    assert partitions.end_offset == 1  # today's window exists too (sent on demand)
+    today = datetime.now(UTC).date()
+    assert partitions.start.date() == digest.first_day(today) == today - timedelta(days=7)
+    assert partitions.end_offset == 0  # only days that have ended: each is sent once
 
 
 def test_resources_are_the_warehouse_and_the_judges(defs):
@@ -191,7 +192,10 @@ def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(defs)
     assert schedule.description
 
 
-def test_digest_schedule_requests_yesterday_once(defs):
+def test_digest_schedule_requests_yesterday_once(tmp_path):
+    data = bundled()
+    data["digests"][0]["start"] = "2026-01-01"  # the days below are partitions
+    defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
     schedule = defs.resolve_schedule_def("digest_daily_schedule")
     repo = defs.get_repository_def()
     for when, day in [

@@ -149,6 +149,7 @@ def test_a_digest_keeps_its_notifications_content_until_it_has_gone_out(
         assert cleared(wh) == 0  # the digest has not listed them yet
         today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
         window = {"window_start": today, "window_end": today + timedelta(days=1)}
+        window["now"] = lambda: today + timedelta(days=1, hours=1)  # the day has ended
         assert send_digest_window(wh, digest, None, **window).items == notified
         assert cleared(wh) == notified
         # The window was sent; sending it again is a no-op and lists nothing twice.

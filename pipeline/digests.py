@@ -1,0 +1,72 @@
+"""One day's digest by hand (`changewatch digest`, the demo): the whole day, or the day so far."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import dagster as dg
+from changewatch.channels.config import DigestConfig
+from changewatch.channels.outbox import DigestWindowOpen, send_digest_window
+from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import instance, materialize
+from changewatch.warehouse import connect
+
+__all__ = ["day_window", "send_day"]
+
+
+def day_window(digest: DigestConfig, day: date) -> tuple[datetime, datetime]:
+    """Local midnight of `day` to the next one, in the digest's zone: its partition's window."""
+    tz = ZoneInfo(digest.timezone)
+    return datetime.combine(day, time(), tz), datetime.combine(day + timedelta(days=1), time(), tz)
+
+
+def send_day(
+    config: ChangewatchConfig,
+    digest: DigestConfig,
+    day: date,
+    *,
+    partial: bool = False,
+    dagster_instance: dg.DagsterInstance | None = None,
+) -> dict[str, Any]:
+    """Send the digest of `day`; return what it came to (the digest asset's metadata).
+
+    The whole day is the day's partition of the digest asset, materialized in Dagster and
+    sent once; a day that has not ended raises DigestWindowOpen, because what comes later
+    that day would reach no digest. `partial` sends the day so far straight from the
+    warehouse and records nothing, neither the window nor a partition: the day stays open.
+    """
+    start, end = day_window(digest, day)
+    if partial:
+        channel = config.channel(digest.channel) if digest.channel else None
+        with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
+            result = send_digest_window(
+                wh,
+                digest,
+                channel,
+                window_start=start,
+                window_end=end,
+                headings=config.headings(digest),
+                partial=True,
+            )
+        return result.metadata()
+    if end > datetime.now(UTC):
+        raise DigestWindowOpen(
+            f"digest {digest.name!r}: {day} is not over until {end:%Y-%m-%d %H:%M} "
+            f"({digest.timezone}), and each day's digest is sent once, after it has ended "
+            "(--partial sends the items so far and leaves the day open)"
+        )
+    first = digest.first_day(datetime.now(ZoneInfo(digest.timezone)).date())
+    if day < first:
+        raise ValueError(
+            f"digest {digest.name!r} starts on {first}: set `start:` on it in the watches "
+            f"file to send {day}"
+        )
+    asset = f"digest_{digest.name}"
+    results = materialize(
+        config, [asset], dagster_instance or instance(), partition_key=day.isoformat()
+    )
+    return results[asset]
