@@ -149,8 +149,9 @@ def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDe
         kinds={"email"},
         description=(
             f"Digest {digest.name}: one email per day ({digest.timezone}) of the notifications "
-            f"of {', '.join(digest.watches)}, grouped by watch; each window is sent once "
-            "(recorded in `digests`), so re-runs and backfills never send it twice."
+            f"of {', '.join(digest.watches)}, grouped by watch; each day is sent once it has "
+            "ended, and once (recorded in `digests`), so re-runs and backfills never send it "
+            "twice."
         ),
     )
     def _digest(
