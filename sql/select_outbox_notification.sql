@@ -1,0 +1,1 @@
+SELECT watch FROM outbox WHERE notification_id = $1
