@@ -54,7 +54,8 @@ def ensure_bookkeeping(wh: Warehouse) -> None:
 
 
 def ensure_evaluation_tables(wh: Warehouse) -> None:
-    """Create the tables watches write: watermarks, evaluations, verdict cache, outbox."""
+    """Create the tables watches write (watermarks, evaluations, verdict cache, outbox) and the
+    ``decisions`` view over them."""
     _ddl_lock(wh)
     for name in (
         "create_watch_state",
@@ -65,6 +66,8 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
     ):
         wh.execute(render(name, wh.dialect))
     _add_missing_columns(wh, "evaluations", {"filter_error": "TEXT"})
+    # After the columns it reads: a view over an older evaluations table would lack them.
+    wh.execute(render("create_decisions", wh.dialect))
 
 
 def ensure_delivery_tables(wh: Warehouse) -> None:

@@ -1,0 +1,111 @@
+"""Why a watch did or did not tell anyone about an object: every change, every decision.
+
+Reads the ``decisions`` view (evaluations joined with the outbox and deliveries) next to the
+object's change log, so the answer is the stored record, never a re-run of filter or judge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import polars as pl
+from changewatch.evaluators.config import Watch
+from changewatch.sources.base import SourceBase
+from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
+from changewatch.warehouse.statements import quote, render
+
+__all__ = ["explain_object", "format_explanation"]
+
+
+def explain_object(
+    wh: Warehouse, watch: Watch, sources: Mapping[str, SourceBase], key: str
+) -> pl.DataFrame:
+    """One row per (change of ``key``, delivery channel) over the watch's sources.
+
+    Columns: ``source``, ``watermark`` (the watch's last evaluated change there) and those of
+    ``sql/select_object_changes.sql``.
+    """
+    with wh.transaction():
+        ensure_evaluation_tables(wh)
+    frames = []
+    for name in watch.sources:
+        source = sources[name]
+        state = wh.fetch(render("select_watch_state", wh.dialect), (watch.name, name))
+        statement = render(
+            "select_object_changes", wh.dialect, changes=quote(changes_table(source.table))
+        )
+        frame = wh.fetch_frame(statement, (watch.name, name, key))
+        frames.append(
+            frame.with_columns(
+                pl.lit(name).alias("source"),
+                pl.lit(state[0][0] if state else None, pl.Int64).alias("watermark"),
+            )
+        )
+    return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
+
+
+def _verdict(row: Mapping[str, Any]) -> str:
+    cached = "cached" if row["cache_hit"] else "fresh call"
+    return (
+        f"judge ({row['model']}, {cached}): "
+        f"{'notify' if row['should_notify'] else 'no'}, confidence {row['confidence']:.2f}: "
+        f"{row['reasoning']}"
+    )
+
+
+def _decision(watch: Watch, row: Mapping[str, Any]) -> list[str]:
+    """What happened to one change, a line per step it went through."""
+    decision = row["decision"]
+    if decision is None:
+        if row["silent"]:
+            return ["recorded silently (a baseline or a --silent backfill): never evaluated"]
+        if row["held"]:
+            return ["held after a change storm: waits for `changewatch release`"]
+        if row["watermark"] is None or row["change_id"] > row["watermark"]:
+            return ["not evaluated yet: the watch's next run will"]
+        return ["not evaluated: before the watch started, or its record was pruned"]
+    if decision == "filter_error":
+        return [f"filter failed on this change's values (retried every run): {row['filter_error']}"]
+    lines = [f"filter {'passed' if row['passed_filter'] else 'failed'}: where {watch.where}"]
+    if not row["passed_filter"]:
+        return lines
+    if row["should_notify"] is not None:
+        lines.append(_verdict(row))
+    if decision == "skip":
+        lines.append("not notified: the judge said no, or was less sure than min_confidence")
+    elif decision in ("held", "dropped"):
+        action = "held, retried next run" if decision == "held" else "dropped (on_unavailable)"
+        lines.append(f"judge unavailable: {row['judge_error']}; {action}")
+    elif decision == "duplicate":
+        lines.append(
+            f"suppressed as a duplicate of notification {row['notification_id']} "
+            f"(dedupe key {row['dedupe_key']})"
+        )
+    else:
+        lines.append(f"notified: {row['notification_id']} (dedupe key {row['dedupe_key']})")
+    return lines
+
+
+def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
+    """The story of ``key`` for ``watch``: each change, then what was decided and sent."""
+    if frame.is_empty():
+        return f"{watch.name}: no change of {key!r} in {', '.join(watch.sources)}"
+    out = [f"{watch.name}: object {key}"]
+    for (source, change_id), group in frame.group_by(["source", "change_id"], maintain_order=True):
+        row = group.row(0, named=True)
+        changed = ", ".join(row["changed_columns"] or [])
+        out.append(
+            f"- {source} change {change_id}: {row['kind']} at {row['detected_at']}"
+            + (f" ({changed} changed)" if changed else "")
+        )
+        out += [f"    {line}" for line in _decision(watch, row)]
+        if row["decision"] == "notify":
+            for delivery in group.filter(pl.col("channel").is_not_null()).iter_rows(named=True):
+                error = f": {delivery['last_error']}" if delivery["last_error"] else ""
+                out.append(
+                    f"    delivery to {delivery['channel']}: {delivery['delivery_status']} "
+                    f"after {delivery['attempts']} attempt(s){error}"
+                )
+    return "\n".join(out)
