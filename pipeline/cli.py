@@ -10,10 +10,10 @@ from datetime import date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG
-from changewatch.pipeline.config import ChangewatchConfig, ConfigError, load_config
+from changewatch.pipeline.config import ChangewatchConfig, ConfigError, config_path, load_config
 from changewatch.pipeline.maintenance import RETENTION_ASSET
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import instance, materialize, source_job_assets, sync_tags
+from changewatch.pipeline.runner import instance, locations, materialize, sync_source
 
 __all__ = ["main"]
 
@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     api.add_argument("--seed", type=int, default=7)
 
     commands.add_parser("validate", help="load and check the watches file")
+    commands.add_parser(
+        "info", help="say which watches file, Dagster instance and warehouse the commands use"
+    )
     commands.add_parser("prune", help="apply the retention settings now")
 
     query = commands.add_parser("sql", help="run a read-only SQL query on the warehouse")
@@ -89,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from changewatch.pipeline.demo import run_demo
 
             return run_demo(args)
+        if args.command == "info":
+            return _info(args.config)
         config = load_config(args.config)
         if args.command == "validate":
             return _validate(config)
@@ -109,6 +114,13 @@ def _validate(config: ChangewatchConfig) -> int:
         f"ok: {len(config.sources)} source(s), {len(config.watches)} watch(es), "
         f"{len(config.channels)} channel(s), {len(config.digests)} digest(s)"
     )
+    return 0
+
+
+def _info(path: str | None) -> int:
+    config = config_path(path).resolve()
+    print(f"watches file: {config}" + ("" if config.is_file() else " (missing)"))
+    print(locations(instance()))
     return 0
 
 
@@ -145,15 +157,18 @@ def _prune(config: ChangewatchConfig) -> int:
 
 def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full: bool) -> int:
     names = list(names) or [s.name for s in config.sources]
-    tags = sync_tags(names)
+    tags = {}
     # The sync asset reads these run tags: a backfill or a sweep is a property of the run.
     if silent:
         tags[SILENT_TAG] = "true"
     if full:
         tags[FULL_TAG] = "true"
-    results = materialize(config, source_job_assets(config, names), instance(), tags=tags)
-    for asset, meta in results.items():
-        print(summarize(asset, meta))
+    dagster = instance()
+    print(locations(dagster))
+    # One run of each source's job, as the sensor requests them.
+    for name in names:
+        for asset, meta in sync_source(config, name, dagster, tags=tags).items():
+            print(summarize(asset, meta))
     return 0
 
 

@@ -10,10 +10,25 @@ from typing import Any
 import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.sensors import sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
+from changewatch.warehouse import DEFAULT_URL, describe_url
+from changewatch.warehouse.backends import duckdb_path
 
-__all__ = ["instance", "materialize", "source_job_assets"]
+__all__ = [
+    "instance",
+    "locations",
+    "materialize",
+    "source_job_assets",
+    "sync_source",
+    "warehouse_location",
+]
+
+# The CLI prints its own summary (warnings included); Dagster's step-by-step log stays in the
+# run's record, where the UI shows it.
+_QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 
 
 def instance() -> dg.DagsterInstance:
@@ -24,6 +39,23 @@ def instance() -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         return dg.DagsterInstance.get()
     return dg.DagsterInstance.ephemeral()
+
+
+def warehouse_location() -> str:
+    """Where the commands read and write: the DuckDB file's absolute path, or the URL
+    without its password."""
+    url = os.environ.get(WAREHOUSE_URL_ENV) or DEFAULT_URL
+    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
+        return describe_url(url)
+    return str(duckdb_path(url).resolve())
+
+
+def locations(dagster_instance: dg.DagsterInstance) -> str:
+    """One line naming the Dagster instance and the warehouse a command uses, so a run
+    started outside the repository says where to look for it."""
+    home = dagster_instance.root_directory if not dagster_instance.is_ephemeral else None
+    where = home or "ephemeral (runs are not kept; set DAGSTER_HOME to keep them)"
+    return f"dagster instance: {where}  warehouse: {warehouse_location()}"
 
 
 def source_job_assets(config: ChangewatchConfig, sources: Sequence[str]) -> list[str]:
@@ -51,11 +83,32 @@ def materialize(
         instance=dagster_instance,
         partition_key=partition_key,
         tags=tags or {},
-        # The CLI prints its own summary (warnings included); Dagster's step-by-step log stays
-        # in the run's record, where the UI shows it.
-        run_config={"loggers": {"console": {"config": {"log_level": "ERROR"}}}},
+        run_config=_QUIET,
         raise_on_error=True,
     )
+    return _metadata(result)
+
+
+def sync_source(
+    config: ChangewatchConfig,
+    source: str,
+    dagster_instance: dg.DagsterInstance,
+    *,
+    tags: dict[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run the source's own job (sync, its watches, delivery), as the sensor would: the run
+    is recorded under the job's name, so the UI lists it with the sensor's runs."""
+    job = build_definitions(config).resolve_job_def(sync_job_name(config.source(source)))
+    result = job.execute_in_process(
+        instance=dagster_instance,
+        tags={**sync_tags([source]), **(tags or {})},
+        run_config=_QUIET,
+        raise_on_error=True,
+    )
+    return _metadata(result)
+
+
+def _metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
     found = {}
     for event in result.get_asset_materialization_events():
         materialization = event.step_materialization_data.materialization
