@@ -14,9 +14,27 @@ from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.sources import SourceConfig
 
-__all__ = ["SYNC_SENSOR", "cron_schedule", "sweep_schedule", "sync_job_name", "sync_sensor"]
+__all__ = [
+    "DEMO_SENSOR",
+    "SYNC_SENSOR",
+    "cron_schedule",
+    "demo_sensor",
+    "is_demo_source",
+    "sweep_schedule",
+    "sync_job_name",
+    "sync_sensor",
+]
 
 SYNC_SENSOR = "sync_due_sources"
+DEMO_SENSOR = "sync_demo_api"
+# Where `changewatch demo-api` serves by default. The bundled watches.yaml points there when
+# no demo is running, so a source at this address only works while someone serves it.
+DEMO_API_URL = "http://127.0.0.1:8765"
+
+
+def is_demo_source(source: SourceConfig) -> bool:
+    """Whether ``source`` reads the demo API at its default address."""
+    return str(getattr(source, "base_url", "")).rstrip("/") == DEMO_API_URL
 
 
 def sync_job_name(source: SourceConfig) -> str:
@@ -28,8 +46,11 @@ def sync_sensor(
     jobs: list[dg.UnresolvedAssetJobDefinition],
     *,
     clock: Callable[[], float] = time.time,
+    name: str = SYNC_SENSOR,
+    running: bool = True,
+    description: str = "Requests a sync of each interval source once per interval (plus jitter).",
 ) -> dg.SensorDefinition:
-    """One sensor over every interval source: requests a sync when a source's slot begins.
+    """One sensor over interval sources: requests a sync when a source's slot begins.
 
     The run key is ``<source>:<slot>``; Dagster drops a request whose key already ran, so
     ticks, restarts and daemon hiccups never double a sync. A missed slot is not replayed:
@@ -37,11 +58,13 @@ def sync_sensor(
     """
 
     @dg.sensor(
-        name=SYNC_SENSOR,
+        name=name,
         jobs=jobs,
         minimum_interval_seconds=30,
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description="Requests a sync of each interval source once per interval (plus jitter).",
+        default_status=(
+            dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+        ),
+        description=description,
     )
     def _sensor(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
         now = clock()
@@ -54,6 +77,24 @@ def sync_sensor(
             )
 
     return _sensor
+
+
+def demo_sensor(
+    sources: list[SourceConfig], jobs: list[dg.UnresolvedAssetJobDefinition]
+) -> dg.SensorDefinition:
+    """The sensor of the sources on the demo API: stopped until someone serves the API, so
+    ``dagster dev`` after ``changewatch demo`` (whose API is gone) starts no failing runs."""
+    return sync_sensor(
+        sources,
+        jobs,
+        name=DEMO_SENSOR,
+        running=False,
+        description=(
+            f"Syncs the sources on the demo API at {DEMO_API_URL}; stopped by default because "
+            "nothing serves it after `changewatch demo` ends. Run `changewatch demo-api`, "
+            "then start this sensor."
+        ),
+    )
 
 
 def cron_schedule(

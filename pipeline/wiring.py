@@ -10,7 +10,14 @@ from changewatch.pipeline.assets import SOURCE_TAG, sync_asset
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
 from changewatch.pipeline.resources import JudgeResource, warehouse_resource
-from changewatch.pipeline.sensors import cron_schedule, sweep_schedule, sync_job_name, sync_sensor
+from changewatch.pipeline.sensors import (
+    cron_schedule,
+    demo_sensor,
+    is_demo_source,
+    sweep_schedule,
+    sync_job_name,
+    sync_sensor,
+)
 from changewatch.pipeline.watch_assets import (
     NOTIFICATIONS_ASSET,
     digest_asset,
@@ -65,11 +72,10 @@ def build_definitions(
         for name, asset in digests.items()
     ]
     interval_sources = [s for s in config.sources if s.cron is None]
-    sensors = (
-        [sync_sensor(interval_sources, [jobs[s.name] for s in interval_sources])]
-        if interval_sources
-        else []
-    )
+    live = [s for s in interval_sources if not is_demo_source(s)]
+    demo = [s for s in interval_sources if is_demo_source(s)]
+    sensors = [sync_sensor(live, [jobs[s.name] for s in live])] if live else []
+    sensors += [demo_sensor(demo, [jobs[s.name] for s in demo])] if demo else []
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
     schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
     schedules += [

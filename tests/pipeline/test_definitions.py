@@ -20,7 +20,7 @@ from changewatch.pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
 from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.sensors import SYNC_SENSOR, sync_job_name
+from changewatch.pipeline.sensors import DEMO_SENSOR, SYNC_SENSOR, sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.warehouse import DEFAULT_URL
@@ -175,7 +175,15 @@ def test_sync_job_carries_changes_to_delivery_and_digest_job_sends_the_digest(de
     assert SOURCE_TAG not in digest.tags  # a digest run never waits for a sync's slot
 
 
-def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(defs):
+def live(data: dict) -> dict:
+    """``data`` with its first source on a real API instead of the demo API's address."""
+    data["sources"][0]["base_url"] = "https://tracker.example.com"
+    return data
+
+
+def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(tmp_path):
+    config = load_config(write_config(tmp_path / "w.yaml", live(bundled())))
+    defs = build_definitions(config, environ={})
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert sensor.name == "sync_due_sources"
     assert [t.job_name for t in sensor.targets] == ["sync_demo_issues"]
@@ -209,8 +217,28 @@ def test_digest_schedule_requests_yesterday_once(tmp_path):
         assert request.run_key == f"daily:{day}"
 
 
-def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
+def test_sources_on_the_demo_api_get_a_sensor_of_their_own_that_starts_stopped(tmp_path):
+    # The bundled file without a running demo: its source is at the demo API's address.
     data = bundled()
+    demo_source = data["sources"][0]
+    assert demo_source["base_url"] == "${CHANGEWATCH_DEMO_URL:-http://127.0.0.1:8765}"
+    data["sources"].append({**demo_source, "name": "live_issues", "table": "live_issues"})
+    data["sources"][1]["base_url"] = "https://tracker.example.com"
+    defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
+
+    repo = defs.get_repository_def()
+    assert sorted(s.name for s in repo.sensor_defs) == [DEMO_SENSOR, SYNC_SENSOR]
+    demo = defs.resolve_sensor_def(DEMO_SENSOR)
+    assert [t.job_name for t in demo.targets] == ["sync_demo_issues"]
+    assert demo.default_status == dg.DefaultSensorStatus.STOPPED
+    assert "changewatch demo-api" in (demo.description or "")
+    other = defs.resolve_sensor_def(SYNC_SENSOR)
+    assert [t.job_name for t in other.targets] == ["sync_live_issues"]
+    assert other.default_status == dg.DefaultSensorStatus.RUNNING
+
+
+def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
+    data = live(bundled())
     interval_source = data["sources"][0]
     cron_source = {
         **interval_source,

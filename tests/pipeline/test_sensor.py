@@ -333,3 +333,44 @@ def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time
         assert wh.fetch('SELECT count(*) FROM "issues"') == [(issues,)]
         rows = wh.fetch("SELECT dagster_run_id, status FROM sync_runs ORDER BY started_at")
     assert rows == [(first.run_id, "succeeded"), (second.run_id, "succeeded")]
+
+
+def test_demo_config_without_the_demo_api_starts_no_runs_until_its_sensor_is_started(
+    tmp_path, monkeypatch, llm_url
+):
+    """`dagster dev` on the bundled watches.yaml after `changewatch demo`: nothing serves
+    the demo API, so its sensor starts stopped and the daemon requests nothing that can only
+    fail; started by hand (once `changewatch demo-api` runs), it syncs the demo source."""
+    config_file = write_config(tmp_path / "watches.yaml", jitter=0)
+    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config_file))
+    monkeypatch.delenv("CHANGEWATCH_DEMO_URL", raising=False)
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, f"duckdb:///{tmp_path / 'warehouse.duckdb'}")
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm_url)
+    project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
+    target = PythonFileTarget(
+        python_file=str(REPO / "pipeline" / "definitions.py"),
+        attribute=None,
+        working_directory=str(REPO),
+        location_name="changewatch",
+    )
+    with (
+        dg.instance_for_test(overrides={"concurrency": project["concurrency"]}) as instance,
+        create_test_daemon_workspace_context(target, instance) as workspace,
+    ):
+        tick(workspace, time.time())
+        tick(workspace, time.time() + 31)
+        assert instance.get_runs() == []
+        location = workspace.create_request_context().get_code_location("changewatch")
+        [repository] = location.get_repositories().values()
+        [sensor] = repository.get_sensors()
+        assert sensor.name == "sync_demo_api"
+        assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+        assert "changewatch demo-api" in (sensor.description or "")
+        assert not instance.get_ticks(sensor.get_remote_origin_id(), sensor.selector_id)
+
+        # Started from the UI: it requests the demo source's job like the interval sensor.
+        instance.start_sensor(sensor)
+        tick(workspace, time.time() + 62)
+        [run] = instance.get_runs()
+        assert run.job_name == "sync_demo_issues"
+        assert run.status == dg.DagsterRunStatus.QUEUED
