@@ -4,50 +4,54 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from datetime import datetime
+from importlib.resources import files
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from changewatch.channels.outbox import DigestWindowOpen
 from changewatch.pipeline.cli import summarize
-from changewatch.pipeline.config import load_config
+from changewatch.pipeline.config import CONFIG_ENV, DEFAULT_CONFIG, ChangewatchConfig, load_config
 from changewatch.pipeline.digests import send_day
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import instance, materialize, source_job_assets, sync_tags
+from changewatch.pipeline.runner import instance, locations, sync_source, warehouse_location
+from changewatch.pipeline.sensors import DEMO_SENSOR, is_demo_source
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
-from changewatch.warehouse import describe_url
+from changewatch.warehouse import DEFAULT_URL, connect
 from changewatch.warehouse.backends import duckdb_path
+from changewatch.warehouse.statements import render
 
-__all__ = ["DEMO_URL_ENV", "DEMO_WAREHOUSE", "run_demo"]
+__all__ = ["DEMO_URL_ENV", "run_demo"]
 
 DEMO_URL_ENV = "CHANGEWATCH_DEMO_URL"
-# The demo keeps its own warehouse file, so it can start from a clean slate every time
-# without touching the data of real sources.
-DEMO_WAREHOUSE = "duckdb:///.changewatch/demo.duckdb"
+# Shipped inside the package, so the demo runs from an empty folder after a plain install.
+_DEMO_FILES = ("watches.yaml", "dagster.yaml")
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    url = os.environ.get(WAREHOUSE_URL_ENV) or DEMO_WAREHOUSE
-    os.environ[WAREHOUSE_URL_ENV] = url
-    if url == DEMO_WAREHOUSE and not args.keep:
-        for leftover in Path(".changewatch").glob("demo.duckdb*"):
-            leftover.unlink()
+    config_file = _demo_config(args.config)
+    # The demo writes the folder's default warehouse, the one every later command in this
+    # folder reads (`changewatch sql`, `dagster dev`), unless CHANGEWATCH_WAREHOUSE_URL says
+    # otherwise; that one it never wipes.
+    if not os.environ.get(WAREHOUSE_URL_ENV) and not args.keep:
+        refused = _clean_slate(load_config(config_file))
+        if refused:
+            print(f"changewatch demo: {refused}", file=sys.stderr)
+            return 2
     tracker = DemoTracker(issues=args.issues, seed=args.seed)
+    served_before = os.environ.get(DEMO_URL_ENV)
     with DemoAPIServer(tracker) as server:
         os.environ[DEMO_URL_ENV] = server.url
-        config = load_config(args.config)
+        config = load_config(config_file)
         source = config.sources[0]
         dagster = instance()
+        print(locations(dagster))
         print(f"demo API: {args.issues} issues of acme/widgets at {server.url}")
 
         def run(title: str) -> None:
             print(f"\n== {title}")
-            results = materialize(
-                config,
-                source_job_assets(config, [source.name]),
-                dagster,
-                tags=sync_tags([source.name]),
-            )
+            results = sync_source(config, source.name, dagster)
             for asset, meta in results.items():
                 print(summarize(asset, meta))
             for watch in config.watches:
@@ -81,19 +85,67 @@ def run_demo(args: argparse.Namespace) -> int:
             except DigestWindowOpen as refused:
                 print(f"the whole day: not sent yet: {refused}")
 
-    where = duckdb_path(url).resolve() if url.startswith("duckdb") else describe_url(url)
-    print(f"\nwarehouse: {where}")
+    # What a later `dagster dev` in this folder sees: the API's address without this demo.
+    if served_before is None:
+        del os.environ[DEMO_URL_ENV]
+    else:
+        os.environ[DEMO_URL_ENV] = served_before
+    print(f"\nwarehouse: {warehouse_location()}")
     print(f"tables: {source.table} (current rows), {source.table}_changes (change log),")
     print("        evaluations, outbox, deliveries, digests, sync_state, sync_runs")
     for channel in config.channels:
         if channel.type == "file":
             print(f"notifications file: {Path(channel.path).resolve()}")
-    print(
-        f"query it: CHANGEWATCH_WAREHOUSE_URL={url} changewatch sql "
-        "'SELECT watch, title FROM outbox'"
-    )
-    print(
-        f"open the Dagster UI: CHANGEWATCH_WAREHOUSE_URL={url} DAGSTER_HOME=$PWD "
-        "dagster dev -w workspace.yaml"
-    )
+    print("query it: changewatch sql 'SELECT watch, title FROM outbox'")
+    if not dagster.is_ephemeral:
+        home = Path(dagster.root_directory)
+        print(
+            f"open the Dagster UI: DAGSTER_HOME={'$PWD' if home == Path.cwd() else home} "
+            "dagster dev -m changewatch.pipeline.definitions"
+        )
+    if any(is_demo_source(s) for s in load_config(config_file).sources):
+        print(
+            f"   its sensor {DEMO_SENSOR} starts stopped, as nothing serves the demo API once "
+            "the demo ends: run `changewatch demo-api` and start the sensor to keep syncing"
+        )
     return 0
+
+
+def _demo_config(path: str | None) -> Path:
+    """The watches file the demo runs on: the one named, else ``./watches.yaml``; in a folder
+    without one, the demo's own (with its dagster.yaml) is written there first, so the
+    commands it suggests afterwards work in that folder too."""
+    if path or os.environ.get(CONFIG_ENV):
+        return Path(path or os.environ[CONFIG_ENV])
+    config = Path(DEFAULT_CONFIG)
+    if not config.exists():
+        shipped = files("changewatch.pipeline").joinpath("demo_files")
+        for name in _DEMO_FILES:
+            # An instance chosen by DAGSTER_HOME, or a dagster.yaml already here, is kept.
+            if name == "dagster.yaml" and (os.environ.get("DAGSTER_HOME") or Path(name).exists()):
+                continue
+            Path(name).write_text(shipped.joinpath(name).read_text(encoding="utf-8"))
+            print(f"wrote {Path(name).resolve()} (the demo's)")
+    return config
+
+
+def _clean_slate(config: ChangewatchConfig) -> str | None:
+    """Delete the folder's default warehouse so every demo tells the same story, unless it
+    holds sources the demo does not know: then say so and touch nothing."""
+    path = duckdb_path(DEFAULT_URL)
+    if path.exists():
+        held: set[str] = set()
+        with connect(DEFAULT_URL) as wh:
+            # Read only: a warehouse that is not the demo's must come out untouched.
+            if wh.fetch(render("select_columns_table", wh.dialect), ("sync_state",)):
+                held = {r[0] for r in wh.fetch(render("select_sources_sync_state", wh.dialect))}
+        foreign = sorted(held - {config.sources[0].name})  # the one source the demo syncs
+        if foreign:
+            return (
+                f"{path.resolve()} holds data of other sources ({', '.join(foreign)}); the demo "
+                "starts from an empty warehouse and leaves this one alone: run it in an empty "
+                "folder, or point CHANGEWATCH_WAREHOUSE_URL elsewhere"
+            )
+    for leftover in path.parent.glob(path.name + "*"):  # the file and its WAL
+        leftover.unlink()
+    return None

@@ -185,10 +185,10 @@ def test_demo_tells_the_whole_story(
     records = [json.loads(line) for line in lines]
     assert sorted(r["title"] for r in records) == sorted(notified)
 
-    # The demo keeps its own warehouse, next to the notifications.
-    database = tmp_path / ".changewatch" / "demo.duckdb"
-    assert f"warehouse: {database}" in done.stdout
-    assert not (tmp_path / ".changewatch" / "warehouse.duckdb").exists()
+    # The demo writes the folder's default warehouse, next to the notifications.
+    database = tmp_path / ".changewatch" / "warehouse.duckdb"
+    assert done.stdout.startswith(f"dagster instance: {tmp_path}  warehouse: {database}\n")
+    assert f"\nwarehouse: {database}\n" in done.stdout
     with duckdb.connect(str(database), read_only=True) as con:
         kinds = con.execute(
             "SELECT kind, count(*) FROM issues_changes GROUP BY kind ORDER BY kind"
@@ -214,6 +214,7 @@ def test_demo_tells_the_whole_story(
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         syncs = [run for run in runs if "changewatch/source" in run.tags]
         assert len(syncs) == 3
+        assert {run.job_name for run in syncs} == {"sync_demo_issues"}
         assert {run.tags["changewatch/source"] for run in syncs} == {"demo_issues"}
         job_assets = {"issues", "eval_new_bugs", "eval_closed_issues", "eval_security_review"}
         job_assets.add("notifications")
