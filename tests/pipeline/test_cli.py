@@ -177,7 +177,7 @@ def test_demo_tells_the_whole_story(
     # Under readable headings, with each watch's own body.
     assert "New bugs (" in body and "new_bugs" not in body
     assert ", opened by " in body
-    with duckdb.connect(str(tmp_path / ".changewatch" / "demo.duckdb"), read_only=True) as con:
+    with duckdb.connect(str(tmp_path / ".changewatch" / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM digests").fetchall() == [(0,)]
 
     # The notifications file: one JSON line per delivered notification.
