@@ -51,6 +51,7 @@ def ensure_bookkeeping(wh: Warehouse) -> None:
     _add_missing_columns(
         wh, "sync_runs", {"silent": "BOOLEAN", "storm_held": "BOOLEAN", "not_modified": "BOOLEAN"}
     )
+    _add_missing_columns(wh, "http_validators", {"walk": "TEXT"})
 
 
 def ensure_evaluation_tables(wh: Warehouse) -> None:

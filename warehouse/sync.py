@@ -427,7 +427,10 @@ def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -
 
 def _stored_validators(wh: Warehouse, config: SourceBase) -> dict[str, Validator]:
     rows = wh.fetch(render("select_http_validators", wh.dialect), (config.name,))
-    return {key: Validator(etag=etag, last_modified=modified) for key, etag, modified in rows}
+    return {
+        key: Validator(etag=etag, last_modified=modified, walk=walk)
+        for key, etag, modified, walk in rows
+    }
 
 
 def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult) -> None:
@@ -441,8 +444,9 @@ def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult)
             "request_key": list(fetched.validators),
             "etag": [v.etag for v in fetched.validators.values()],
             "last_modified": [v.last_modified for v in fetched.validators.values()],
+            "walk": [v.walk for v in fetched.validators.values()],
         },
-        schema={k: pl.String for k in ("source", "request_key", "etag", "last_modified")},
+        schema={k: pl.String for k in ("source", "request_key", "etag", "last_modified", "walk")},
     )
     with wh.staged("cw_validators", staged) as stage:
         wh.execute(render("insert_http_validators_staged", wh.dialect, stage=stage))
