@@ -266,21 +266,50 @@ def _statement(config: SourceBase) -> str:
     for name, spec in config.columns.items():
         _merge(tree, _steps(name, spec), _leaf_type(spec))
     columns = {name: _column_expr(_steps(name, spec)) for name, spec in config.columns.items()}
-    checks = " ".join(
-        f"WHEN {_q(name)} IS NULL AND json_type(raw, {_literal(_json_path(name, spec))}) "
-        f"NOT IN ('NULL') THEN {_literal(name)}"
+    checked = {
+        name: spec
         for name, spec in config.columns.items()
         # Text and JSON take any value; a `[]` path has no single value to check.
         if spec.type not in ("text", "json") and "[]" not in (spec.path or "")
+    }
+    checks = " ".join(
+        f"WHEN {_q(name)} IS NULL AND json_type(raw, {_literal(_json_path(name, spec))}) "
+        f"NOT IN ('NULL') THEN {_literal(name)}"
+        for name, spec in checked.items()
     )
+    # json_transform rounds 3.7 into an integer and reads 1 as true: each checked value's
+    # text (all read in one pass) must give back its typed value (see _LOSSLESS).
+    lossless = [name for name, spec in checked.items() if spec.type in _LOSSLESS]
+    checks += "".join(
+        f" WHEN {_q(name)} IS NOT NULL AND NOT COALESCE("
+        + _LOSSLESS[config.columns[name].type].format(value=_q(name), text=f"_texts[{i + 1}]")
+        + f", FALSE) THEN {_literal(name)}"
+        for i, name in enumerate(lossless)
+    )
+    texts = ", ".join(_literal(_json_path(name, checked[name])) for name in lossless)
     return sql.load("select_normalized_records").format(
         schema=_literal(json.dumps(tree)),
+        texts=f"json_extract_string(raw, [{texts}])" if lossless else "NULL",
         column_exprs=", ".join(f"{expr} AS {_q(name)}" for name, expr in columns.items()),
         columns=", ".join(_q(name) for name in config.columns),
         # Sorted keys: reordering columns in config must not change any hash.
         hash_fields=", ".join(f"{_q(name)} := {_q(name)}" for name in sorted(config.columns)),
         bad_value=f"CASE {checks} END" if checks else "NULL",
     )
+
+
+# When a typed value is exactly the payload's value (``text``: the value as JSON text, strings
+# unquoted). Whole numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not
+# (never rounded), nor true. Doubles take numbers and numeric strings, never booleans.
+# Booleans take true and false (or "true" and "false"), not 0, 1 or "yes".
+_LOSSLESS = {
+    "integer": "(CAST({value} AS VARCHAR) = {text} "
+    "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
+    "bigint": "(CAST({value} AS VARCHAR) = {text} "
+    "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
+    "double": "TRY_CAST({text} AS DOUBLE) IS NOT NULL",
+    "boolean": "{text} IN ('true', 'false')",
+}
 
 
 def _steps(name: str, spec: ColumnSpec) -> tuple[_Step, ...]:
@@ -357,8 +386,9 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
         }
         raise PayloadError(
             f"source {config.name!r}: {_where(row['_arrival'])} (key {key}): field "
-            f"{column!r} value {value!r} is not a {config.columns[column].type}"
-            f" ({bad.height} such records)"
+            f"{column!r} value {value!r} is not {_a(config.columns[column].type)} (values are "
+            f"never rounded or coerced: fix the data or declare another type; "
+            f"{bad.height} such records)"
         )
     missing = frame.filter(pl.any_horizontal(pl.col(config.primary_key).is_null()))
     if missing.height:
@@ -367,6 +397,15 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
             f"source {config.name!r}: {_where(row['_arrival'])} has no primary key "
             f"{config.primary_key} ({missing.height} such records)"
         )
+
+
+def _a(column_type: str) -> str:
+    """The type with its article, for messages.
+
+    >>> _a("integer"), _a("bigint")
+    ('an integer', 'a bigint')
+    """
+    return ("an " if column_type[0] in "aeiou" else "a ") + column_type
 
 
 def _where(arrival: int) -> str:
