@@ -262,52 +262,56 @@ def _records_expr(records_path: str | None) -> str:
 
 def _statement(config: SourceBase) -> str:
     """The normalization query for one source (see ``sql/select_normalized_records.sql``)."""
+    # Numbers and booleans at a single-valued path are read as text, then cast here, so each
+    # value can be checked against its text (see _EXACT) without parsing the record twice.
+    exact = {
+        name
+        for name, spec in config.columns.items()
+        if spec.type in _EXACT and "[]" not in (spec.path or "")
+    }
     tree: dict[str, Any] = {}
     for name, spec in config.columns.items():
-        _merge(tree, _steps(name, spec), _leaf_type(spec))
-    columns = {name: _column_expr(_steps(name, spec)) for name, spec in config.columns.items()}
-    checked = {
-        name: spec
-        for name, spec in config.columns.items()
-        # Text and JSON take any value; a `[]` path has no single value to check.
-        if spec.type not in ("text", "json") and "[]" not in (spec.path or "")
-    }
-    checks = " ".join(
-        f"WHEN {_q(name)} IS NULL AND json_type(raw, {_literal(_json_path(name, spec))}) "
-        f"NOT IN ('NULL') THEN {_literal(name)}"
-        for name, spec in checked.items()
-    )
-    # json_transform rounds 3.7 into an integer and reads 1 as true: each checked value's
-    # text (all read in one pass) must give back its typed value (see _LOSSLESS).
-    lossless = [name for name, spec in checked.items() if spec.type in _LOSSLESS]
-    checks += "".join(
-        f" WHEN {_q(name)} IS NOT NULL AND NOT COALESCE("
-        + _LOSSLESS[config.columns[name].type].format(value=_q(name), text=f"_texts[{i + 1}]")
-        + f", FALSE) THEN {_literal(name)}"
-        for i, name in enumerate(lossless)
-    )
-    texts = ", ".join(_literal(_json_path(name, checked[name])) for name in lossless)
+        _merge(tree, _steps(name, spec), "VARCHAR" if name in exact else _leaf_type(spec))
+    column_exprs = []
+    checks = []
+    for index, (name, spec) in enumerate(config.columns.items()):
+        expr = _column_expr(_steps(name, spec))
+        if name in exact:
+            text = f"_text{index}"
+            column_exprs.append(
+                f"TRY_CAST({expr} AS {_JSON_TYPES[spec.type]}) AS {_q(name)}, {expr} AS {text}"
+            )
+            rule = _EXACT[spec.type].format(value=_q(name), text=text)
+            checks.append(f"WHEN {text} IS NOT NULL AND NOT COALESCE({rule}, FALSE)")
+        else:
+            column_exprs.append(f"{expr} AS {_q(name)}")
+            # Text and JSON take any value; a `[]` path has no single value to check.
+            if spec.type in ("text", "json") or "[]" in (spec.path or ""):
+                continue
+            path = _literal(_json_path(name, spec))
+            checks.append(f"WHEN {_q(name)} IS NULL AND json_type(raw, {path}) NOT IN ('NULL')")
+        checks[-1] += f" THEN {_literal(name)}"
     return sql.load("select_normalized_records").format(
         schema=_literal(json.dumps(tree)),
-        texts=f"json_extract_string(raw, [{texts}])" if lossless else "NULL",
-        column_exprs=", ".join(f"{expr} AS {_q(name)}" for name, expr in columns.items()),
+        column_exprs=", ".join(column_exprs),
         columns=", ".join(_q(name) for name in config.columns),
         # Sorted keys: reordering columns in config must not change any hash.
         hash_fields=", ".join(f"{_q(name)} := {_q(name)}" for name in sorted(config.columns)),
-        bad_value=f"CASE {checks} END" if checks else "NULL",
+        bad_value=f"CASE {' '.join(checks)} END" if checks else "NULL",
     )
 
 
-# When a typed value is exactly the payload's value (``text``: the value as JSON text, strings
-# unquoted). Whole numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not
-# (never rounded), nor true. Doubles take numbers and numeric strings, never booleans.
-# Booleans take true and false (or "true" and "false"), not 0, 1 or "yes".
-_LOSSLESS = {
+# When a value typed from its JSON ``text`` (numbers as written, strings unquoted) is exactly
+# that value; json_transform alone would round 3.7 into an integer and read 1 as true. Whole
+# numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not (never rounded),
+# nor true. Doubles take numbers and numeric strings, never booleans. Booleans take true and
+# false (or "true" and "false"), not 0, 1 or "yes". Anything else is a record error.
+_EXACT = {
     "integer": "(CAST({value} AS VARCHAR) = {text} "
     "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
     "bigint": "(CAST({value} AS VARCHAR) = {text} "
     "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
-    "double": "TRY_CAST({text} AS DOUBLE) IS NOT NULL",
+    "double": "{value} IS NOT NULL AND {text} NOT IN ('true', 'false')",
     "boolean": "{text} IN ('true', 'false')",
 }
 

@@ -5,10 +5,10 @@
 -- object with sorted keys. Undeclared fields, the raw payload and bookkeeping are not part of
 -- it, so a new upstream field or a reordered config changes no hash.
 WITH typed AS (
-    SELECT _arrival, raw, json_transform(raw, {schema}) AS d, {texts} AS _texts FROM records
+    SELECT _arrival, raw, json_transform(raw, {schema}) AS d FROM records
 ),
 columns AS (
-    SELECT {column_exprs}, _arrival, raw, _texts FROM typed
+    SELECT {column_exprs}, _arrival, raw FROM typed
 )
 SELECT
     {columns},
