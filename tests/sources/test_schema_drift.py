@@ -121,3 +121,30 @@ def test_declaring_a_drifted_field_makes_it_an_ordinary_column(
         stats = run_sync(wh, RestSource(config))
         assert wh.fetch("SELECT score FROM items WHERE id = 3") == [("1",)]
     assert stats.inserted == 1
+
+
+def test_camel_case_fields_evolve_as_snake_case_columns(warehouse_url: str, api: ApiServer) -> None:
+    sync(warehouse_url, api, BEFORE, "evolve")
+    drifted = [
+        {**record, "supplierRef": f"S-{record['id']}", "HTTPCode": 200, "Name": "x", "_rev": 3}
+        for record in BEFORE
+    ]
+    stats = sync(warehouse_url, api, drifted, "evolve")
+    assert stats.changed == 0
+    new_row = {"id": 3, "name": "c", "supplierRef": "S-3", "HTTPCode": 404}
+    assert sync(warehouse_url, api, [*drifted, new_row], "evolve").inserted == 1
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT id, supplier_ref, http_code FROM items ORDER BY id") == [
+            (1, "S-1", "200"),
+            (2, "S-2", "200"),
+            (3, "S-3", "404"),
+        ]
+    assert ("supplierRef", "text", "evolved") in fields(warehouse_url)
+    assert ("_rev", "bigint", "discarded") in fields(warehouse_url)
+    # The drift event says what became of each field, and why one stays raw-only.
+    assert stats.drift_actions == {
+        "supplierRef": "column supplier_ref",
+        "HTTPCode": "column http_code",
+        "Name": "raw only: column 'name' is a declared column",
+        "_rev": "raw only: '_rev' is no column name",
+    }
