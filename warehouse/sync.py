@@ -243,6 +243,7 @@ def apply_sync(
             evolved |= _record_fields(wh, config, frame, fields, stats, finished_at, evolved)
         if changes.height:
             _write_changes(wh, config, frame, changes, stats, finished_at, evolved)
+        _refresh_raw(wh, config, frame, changes, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
         cursor_after = _next_cursor(stats.cursor_before, frame, config)
@@ -409,6 +410,39 @@ def _record_fields(
                 )
             )
     return become_columns
+
+
+def _refresh_raw(
+    wh: Warehouse,
+    config: SourceBase,
+    frame: pl.DataFrame,
+    changes: pl.DataFrame,
+    evolved: dict[str, str],
+) -> None:
+    """Store the current ``_raw`` (and evolved columns) of fetched rows that did not change.
+
+    The content hash covers declared columns only, so a change to undeclared fields is no
+    change; the stored payload should still be the one upstream has now.
+    """
+    keys = config.primary_key
+    same = frame.select(*keys, RAW_COLUMN).join(changes.select(keys), on=keys, how="anti")
+    if not same.height:
+        return
+    assignments = ", ".join(
+        ["_raw = CAST(s._raw AS JSON)"]
+        + [f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}" for f, t in evolved.items()]
+    )
+    with wh.staged("cw_raw", same) as stage:
+        wh.execute(
+            render(
+                "update_entity_staged_raw",
+                wh.dialect,
+                table=quote(config.table),
+                stage=stage,
+                assignments=assignments,
+                key_join=_key_join(keys),
+            )
+        )
 
 
 def _evolving(
