@@ -262,16 +262,19 @@ def _records_expr(records_path: str | None) -> str:
 
 def _statement(config: SourceBase) -> str:
     """The normalization query for one source (see ``sql/select_normalized_records.sql``)."""
-    # Numbers and booleans at a single-valued path are read as text, then cast here, so each
-    # value can be checked against its text (see _EXACT) without parsing the record twice.
+    # Numbers and booleans are read as text, then cast here, so each value can be checked
+    # against its text (see _EXACT) without parsing the record twice.
     exact = {
         name
         for name, spec in config.columns.items()
-        if spec.type in _EXACT and "[]" not in (spec.path or "")
+        if spec.type in _EXACT and (spec.type == "bigint[]" or "[]" not in (spec.path or ""))
     }
     tree: dict[str, Any] = {}
     for name, spec in config.columns.items():
-        _merge(tree, _steps(name, spec), "VARCHAR" if name in exact else _leaf_type(spec))
+        if name in exact:
+            as_text = "text[]" if spec.type == "bigint[]" else "text"
+            spec = spec.model_copy(update={"type": as_text})
+        _merge(tree, _steps(name, spec), _leaf_type(spec))
     column_exprs = []
     checks = []
     for index, (name, spec) in enumerate(config.columns.items()):
@@ -279,7 +282,7 @@ def _statement(config: SourceBase) -> str:
         if name in exact:
             text = f"_text{index}"
             column_exprs.append(
-                f"TRY_CAST({expr} AS {_JSON_TYPES[spec.type]}) AS {_q(name)}, {expr} AS {text}"
+                f"TRY_CAST({expr} AS {_CASTS[spec.type]}) AS {_q(name)}, {expr} AS {text}"
             )
             rule = _EXACT[spec.type].format(value=_q(name), text=text)
             checks.append(f"WHEN {text} IS NOT NULL AND NOT COALESCE({rule}, FALSE)")
@@ -305,14 +308,28 @@ def _statement(config: SourceBase) -> str:
 # that value; json_transform alone would round 3.7 into an integer and read 1 as true. Whole
 # numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not (never rounded),
 # nor true. Doubles take numbers and numeric strings, never booleans. Booleans take true and
-# false (or "true" and "false"), not 0, 1 or "yes". Anything else is a record error.
+# false (or "true" and "false"), not 0, 1 or "yes". Each element of a bigint[] is a bigint.
+# Anything else is a record error.
+_WHOLE = (
+    "(CAST({value} AS VARCHAR) = {text} OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))"
+)
 _EXACT = {
-    "integer": "(CAST({value} AS VARCHAR) = {text} "
-    "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
-    "bigint": "(CAST({value} AS VARCHAR) = {text} "
-    "OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))",
+    "integer": _WHOLE,
+    "bigint": _WHOLE,
     "double": "{value} IS NOT NULL AND {text} NOT IN ('true', 'false')",
     "boolean": "{text} IN ('true', 'false')",
+    # Element by element (a null element stays null); an empty list is exact.
+    "bigint[]": "COALESCE(list_bool_and(list_transform({text}, lambda _e, _i: _e IS NULL OR "
+    + "COALESCE("
+    + _WHOLE.format(value="{value}[_i]", text="_e")
+    + ", FALSE))), TRUE)",
+}
+_CASTS = {
+    "integer": "INTEGER",
+    "bigint": "BIGINT",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "bigint[]": "BIGINT[]",
 }
 
 
@@ -417,10 +434,12 @@ def _where(arrival: int) -> str:
     return f"document {page + 1} record #{position}"
 
 
-def _value_at(raw: str, steps: Sequence[_Step]) -> Any:
-    value: Any = json.loads(raw)
-    for step in steps:
+def _value_at(raw: Any, steps: Sequence[_Step]) -> Any:
+    value: Any = json.loads(raw) if isinstance(raw, str) else raw
+    for index, step in enumerate(steps):
         value = value.get(step.field) if isinstance(value, dict) else None
+        if step.each and index + 1 < len(steps) and isinstance(value, list):
+            return [_value_at(item, steps[index + 1 :]) for item in value]
     return value
 
 

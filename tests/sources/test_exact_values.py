@@ -16,7 +16,15 @@ from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
 
-COLUMNS = {"sku": "text", "qty": "integer", "price": "double", "active": "boolean", "n": "bigint"}
+COLUMNS = {
+    "sku": "text",
+    "qty": "integer",
+    "price": "double",
+    "active": "boolean",
+    "n": "bigint",
+    "ids": "bigint[]",
+    "bin_ids": {"type": "bigint[]", "path": "bins[].id"},
+}
 
 
 def typed(**record: Any) -> tuple[Any, ...]:
@@ -31,7 +39,8 @@ def typed(**record: Any) -> tuple[Any, ...]:
     )
     fetched = FetchResult.from_records([{"sku": "a", **record}])
     frame = normalize(fetched, config, synced_at=datetime(2026, 1, 1, tzinfo=UTC))
-    return frame.select(*record).row(0)
+    # Each field's column: bins[].id is read into bin_ids.
+    return frame.select("bin_ids" if f == "bins" else f for f in record).row(0)
 
 
 @pytest.mark.parametrize(
@@ -44,6 +53,8 @@ def typed(**record: Any) -> tuple[Any, ...]:
         ({"active": False}, (False,)),
         ({"active": "true"}, (True,)),
         ({"qty": None, "active": None}, (None, None)),
+        ({"ids": [1, "2", 3.0, None], "bins": [{"id": 4}]}, ([1, 2, 3, None], [4])),
+        ({"ids": []}, ([],)),
     ],
 )
 def test_values_that_fit_exactly_are_stored(record: dict[str, Any], stored: tuple) -> None:
@@ -59,6 +70,9 @@ def test_values_that_fit_exactly_are_stored(record: dict[str, Any], stored: tupl
         ({"n": -2.5}, "field 'n' value -2.5 is not a bigint"),
         ({"price": True}, "field 'price' value True is not a double"),
         ({"active": 1}, "field 'active' value 1 is not a boolean"),
+        ({"ids": [1, 2.5]}, "field 'ids' value [1, 2.5] is not a bigint[]"),
+        ({"ids": [1, "x"]}, "field 'ids' value [1, 'x'] is not a bigint[]"),
+        ({"bins": [{"id": 4}, {"id": 4.5}]}, "field 'bin_ids' value [4, 4.5] is not a bigint[]"),
     ],
 )
 def test_values_that_would_change_are_record_errors(record: dict[str, Any], message: str) -> None:
