@@ -120,7 +120,13 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
 
 
 def _drift(stats: SyncStats) -> str:
-    """Each new payload field, its type and what became of it (a column, or why not)."""
+    """Each new payload field, its type and what became of it (a column, or why not).
+
+    >>> _drift(SyncStats("s", "x", drift={"supplierRef": "text", "_rev": "bigint"},
+    ...                  drift_actions={"supplierRef": "column supplier_ref",
+    ...                                 "_rev": "raw only: '_rev' is no column name"}))
+    "_rev (bigint): raw only: '_rev' is no column name, supplierRef (text): column supplier_ref"
+    """
     return ", ".join(
         f"{f} ({t})" + (f": {stats.drift_actions[f]}" if f in stats.drift_actions else "")
         for f, t in sorted(stats.drift.items())
