@@ -8,7 +8,7 @@ from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.resources import WarehouseResource
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
-from changewatch.warehouse.sync import held_changes, run_sync
+from changewatch.warehouse.sync import SyncStats, held_changes, run_sync
 from dagster import AssetExecutionContext
 
 __all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
@@ -72,7 +72,7 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
         if stats.drift:
             context.log.warning(
                 f"{source.name}: new payload fields {sorted(stats.drift)} "
-                f"(schema: {source.schema_mode})"
+                f"(schema: {source.schema_mode}): {_drift(stats)}"
             )
         if stats.storm_held:
             context.log.warning(
@@ -102,7 +102,7 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
                 "silent": stats.silent,
                 "storm_held": stats.storm_held,
                 "not_modified": stats.not_modified,
-                "schema_drift": ", ".join(f"{f} ({t})" for f, t in sorted(stats.drift.items())),
+                "schema_drift": _drift(stats),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -117,3 +117,17 @@ def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
         )
 
     return _sync
+
+
+def _drift(stats: SyncStats) -> str:
+    """Each new payload field, its type and what became of it (a column, or why not).
+
+    >>> _drift(SyncStats("s", "x", drift={"supplierRef": "text", "_rev": "bigint"},
+    ...                  drift_actions={"supplierRef": "column supplier_ref",
+    ...                                 "_rev": "raw only: '_rev' is no column name"}))
+    "_rev (bigint): raw only: '_rev' is no column name, supplierRef (text): column supplier_ref"
+    """
+    return ", ".join(
+        f"{f} ({t})" + (f": {stats.drift_actions[f]}" if f in stats.drift_actions else "")
+        for f, t in sorted(stats.drift.items())
+    )

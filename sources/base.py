@@ -188,6 +188,15 @@ class Validator:
 
     etag: str | None = None
     last_modified: str | None = None
+    # The walk the request belonged to (its first request's key), for connectors that compare
+    # a walk's shape with the stored one: a page that vanished is news even when every page
+    # left answers 304. A validator with neither etag nor last_modified records only that.
+    walk: str | None = None
+
+    @property
+    def sendable(self) -> bool:
+        """Whether there is anything to send back (not just a record of the request)."""
+        return bool(self.etag or self.last_modified)
 
 
 @dataclass

@@ -262,25 +262,75 @@ def _records_expr(records_path: str | None) -> str:
 
 def _statement(config: SourceBase) -> str:
     """The normalization query for one source (see ``sql/select_normalized_records.sql``)."""
+    # Numbers and booleans are read as text, then cast here, so each value can be checked
+    # against its text (see _EXACT) without parsing the record twice.
+    exact = {
+        name
+        for name, spec in config.columns.items()
+        if spec.type in _EXACT and (spec.type == "bigint[]" or "[]" not in (spec.path or ""))
+    }
     tree: dict[str, Any] = {}
     for name, spec in config.columns.items():
+        if name in exact:
+            as_text = "text[]" if spec.type == "bigint[]" else "text"
+            spec = spec.model_copy(update={"type": as_text})
         _merge(tree, _steps(name, spec), _leaf_type(spec))
-    columns = {name: _column_expr(_steps(name, spec)) for name, spec in config.columns.items()}
-    checks = " ".join(
-        f"WHEN {_q(name)} IS NULL AND json_type(raw, {_literal(_json_path(name, spec))}) "
-        f"NOT IN ('NULL') THEN {_literal(name)}"
-        for name, spec in config.columns.items()
-        # Text and JSON take any value; a `[]` path has no single value to check.
-        if spec.type not in ("text", "json") and "[]" not in (spec.path or "")
-    )
+    column_exprs = []
+    checks = []
+    for index, (name, spec) in enumerate(config.columns.items()):
+        expr = _column_expr(_steps(name, spec))
+        if name in exact:
+            text = f"_text{index}"
+            column_exprs.append(
+                f"TRY_CAST({expr} AS {_CASTS[spec.type]}) AS {_q(name)}, {expr} AS {text}"
+            )
+            rule = _EXACT[spec.type].format(value=_q(name), text=text)
+            checks.append(f"WHEN {text} IS NOT NULL AND NOT COALESCE({rule}, FALSE)")
+        else:
+            column_exprs.append(f"{expr} AS {_q(name)}")
+            # Text and JSON take any value; a `[]` path has no single value to check.
+            if spec.type in ("text", "json") or "[]" in (spec.path or ""):
+                continue
+            path = _literal(_json_path(name, spec))
+            checks.append(f"WHEN {_q(name)} IS NULL AND json_type(raw, {path}) NOT IN ('NULL')")
+        checks[-1] += f" THEN {_literal(name)}"
     return sql.load("select_normalized_records").format(
         schema=_literal(json.dumps(tree)),
-        column_exprs=", ".join(f"{expr} AS {_q(name)}" for name, expr in columns.items()),
+        column_exprs=", ".join(column_exprs),
         columns=", ".join(_q(name) for name in config.columns),
         # Sorted keys: reordering columns in config must not change any hash.
         hash_fields=", ".join(f"{_q(name)} := {_q(name)}" for name in sorted(config.columns)),
-        bad_value=f"CASE {checks} END" if checks else "NULL",
+        bad_value=f"CASE {' '.join(checks)} END" if checks else "NULL",
     )
+
+
+# When a value typed from its JSON ``text`` (numbers as written, strings unquoted) is exactly
+# that value; json_transform alone would round 3.7 into an integer and read 1 as true. Whole
+# numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not (never rounded),
+# nor true. Doubles take numbers and numeric strings, never booleans. Booleans take true and
+# false (or "true" and "false"), not 0, 1 or "yes". Each element of a bigint[] is a bigint.
+# Anything else is a record error.
+_WHOLE = (
+    "(CAST({value} AS VARCHAR) = {text} OR TRY_CAST({text} AS DOUBLE) = CAST({value} AS DOUBLE))"
+)
+_EXACT = {
+    "integer": _WHOLE,
+    "bigint": _WHOLE,
+    "double": "{value} IS NOT NULL AND {text} NOT IN ('true', 'false')",
+    "boolean": "{text} IN ('true', 'false')",
+    # Element by element (a null element stays null); an empty list is exact.
+    "bigint[]": "COALESCE(list_bool_and(list_transform({text}, lambda _e, _i: _e IS NULL OR "
+    + "COALESCE("
+    + _WHOLE.format(value="{value}[_i]", text="_e")
+    + ", FALSE))), TRUE)",
+}
+_CASTS = {
+    "integer": "INTEGER",
+    "bigint": "BIGINT",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "bigint[]": "BIGINT[]",
+}
 
 
 def _steps(name: str, spec: ColumnSpec) -> tuple[_Step, ...]:
@@ -357,8 +407,9 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
         }
         raise PayloadError(
             f"source {config.name!r}: {_where(row['_arrival'])} (key {key}): field "
-            f"{column!r} value {value!r} is not a {config.columns[column].type}"
-            f" ({bad.height} such records)"
+            f"{column!r} value {value!r} is not {_a(config.columns[column].type)} (values are "
+            f"never rounded or coerced: fix the data or declare another type; "
+            f"{bad.height} such records)"
         )
     missing = frame.filter(pl.any_horizontal(pl.col(config.primary_key).is_null()))
     if missing.height:
@@ -369,15 +420,26 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
         )
 
 
+def _a(column_type: str) -> str:
+    """The type with its article, for messages.
+
+    >>> _a("integer"), _a("bigint")
+    ('an integer', 'a bigint')
+    """
+    return ("an " if column_type[0] in "aeiou" else "a ") + column_type
+
+
 def _where(arrival: int) -> str:
     page, position = divmod(arrival, 1_000_000_000)
     return f"document {page + 1} record #{position}"
 
 
-def _value_at(raw: str, steps: Sequence[_Step]) -> Any:
-    value: Any = json.loads(raw)
-    for step in steps:
+def _value_at(raw: Any, steps: Sequence[_Step]) -> Any:
+    value: Any = json.loads(raw) if isinstance(raw, str) else raw
+    for index, step in enumerate(steps):
         value = value.get(step.field) if isinstance(value, dict) else None
+        if step.each and index + 1 < len(steps) and isinstance(value, list):
+            return [_value_at(item, steps[index + 1 :]) for item in value]
     return value
 
 

@@ -1,2 +1,2 @@
-INSERT INTO http_validators (source, request_key, etag, last_modified)
-SELECT source, request_key, etag, last_modified FROM {stage}
+INSERT INTO http_validators (source, request_key, etag, last_modified, walk)
+SELECT source, request_key, etag, last_modified, walk FROM {stage}

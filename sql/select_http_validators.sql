@@ -1,1 +1,1 @@
-SELECT request_key, etag, last_modified FROM http_validators WHERE source = $1
+SELECT request_key, etag, last_modified, walk FROM http_validators WHERE source = $1

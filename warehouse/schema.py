@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.statements import quote, render
@@ -13,6 +15,7 @@ __all__ = [
     "ensure_delivery_tables",
     "ensure_evaluation_tables",
     "ensure_source_tables",
+    "evolved_column",
 ]
 
 SQL_TYPES = {
@@ -37,6 +40,20 @@ def changes_table(table: str) -> str:
     return f"{table}_changes"
 
 
+_WORD_START = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+
+
+def evolved_column(field: str) -> str:
+    """The column a drifted payload field evolves into: its name in snake_case.
+
+    >>> evolved_column("supplierRef"), evolved_column("HTTPStatus"), evolved_column("unit-price")
+    ('supplier_ref', 'http_status', 'unit_price')
+    >>> evolved_column("score")
+    'score'
+    """
+    return _WORD_START.sub("_", field).replace("-", "_").lower()
+
+
 def ensure_bookkeeping(wh: Warehouse) -> None:
     """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
     _ddl_lock(wh)
@@ -51,6 +68,7 @@ def ensure_bookkeeping(wh: Warehouse) -> None:
     _add_missing_columns(
         wh, "sync_runs", {"silent": "BOOLEAN", "storm_held": "BOOLEAN", "not_modified": "BOOLEAN"}
     )
+    _add_missing_columns(wh, "http_validators", {"walk": "TEXT"})
 
 
 def ensure_evaluation_tables(wh: Warehouse) -> None:

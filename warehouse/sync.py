@@ -24,6 +24,7 @@ from changewatch.warehouse.schema import (
     changes_table,
     ensure_bookkeeping,
     ensure_source_tables,
+    evolved_column,
 )
 from changewatch.warehouse.statements import quote, render
 
@@ -76,6 +77,8 @@ class SyncStats:
     not_modified: bool = False
     # Payload fields seen for the first time (schema drift): field -> type.
     drift: dict[str, str] = field(default_factory=dict)
+    # What became of each drifted field: "column <name>", or why it stays in _raw only.
+    drift_actions: dict[str, str] = field(default_factory=dict)
     duration_s: float = 0.0
 
     @property
@@ -168,7 +171,7 @@ def run_sync(
         evolved = {
             f: t
             for f, (t, action) in known.items()
-            if action == "evolved" and f not in config.columns
+            if action == "evolved" and evolved_column(f) not in config.columns
         }
         apply_sync(
             wh,
@@ -240,6 +243,7 @@ def apply_sync(
             evolved |= _record_fields(wh, config, frame, fields, stats, finished_at, evolved)
         if changes.height:
             _write_changes(wh, config, frame, changes, stats, finished_at, evolved)
+        _refresh_raw(wh, config, frame, changes, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
         cursor_after = _next_cursor(stats.cursor_before, frame, config)
@@ -346,16 +350,12 @@ def _record_fields(
     new = {f: t for f, t in fields.items() if f not in known}
     if not new:
         return {}
-    become_columns = {}
-    if not baseline and config.schema_mode == "evolve":
-        # Text (or JSON for objects and lists), whatever the first values looked like:
-        # upstream may send 7 today and "n/a" tomorrow, and a typed column would then fail
-        # every sync. Declaring the field as a column gives it a type.
-        become_columns = {
-            f: "json" if t == "json" else "text"
-            for f, t in new.items()
-            if IDENTIFIER.match(f) and len(f) <= 59 and f not in config.columns and f not in evolved
-        }
+    become_columns: dict[str, str] = {}
+    if not baseline:
+        if config.schema_mode == "evolve":
+            become_columns = _evolving(config, new, evolved, stats.drift_actions)
+        else:
+            stats.drift_actions |= {f: "raw only (schema: discard)" for f in new}
     action = {f: "baseline" if baseline else "discarded" for f in new} | {
         f: "evolved" for f in become_columns
     }
@@ -387,13 +387,16 @@ def _record_fields(
                     "alter_table_add_column",
                     wh.dialect,
                     table=quote(config.table),
-                    column=quote(f),
+                    column=quote(evolved_column(f)),
                     sql_type=SQL_TYPES[t],
                 )
             )
         assignments = ", ".join(
             ["_raw = CAST(s._raw AS JSON)"]
-            + [f"{quote(f)} = {_from_raw(f, t, 's._raw')}" for f, t in become_columns.items()]
+            + [
+                f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}"
+                for f, t in become_columns.items()
+            ]
         )
         with wh.staged("cw_drifted", frame.select(*config.primary_key, RAW_COLUMN)) as stage:
             wh.execute(
@@ -407,6 +410,67 @@ def _record_fields(
                 )
             )
     return become_columns
+
+
+def _refresh_raw(
+    wh: Warehouse,
+    config: SourceBase,
+    frame: pl.DataFrame,
+    changes: pl.DataFrame,
+    evolved: dict[str, str],
+) -> None:
+    """Store the current ``_raw`` (and evolved columns) of fetched rows that did not change.
+
+    The content hash covers declared columns only, so a change to undeclared fields is no
+    change; the stored payload should still be the one upstream has now.
+    """
+    keys = config.primary_key
+    same = frame.select(*keys, RAW_COLUMN).join(changes.select(keys), on=keys, how="anti")
+    if not same.height:
+        return
+    assignments = ", ".join(
+        ["_raw = CAST(s._raw AS JSON)"]
+        + [f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}" for f, t in evolved.items()]
+    )
+    with wh.staged("cw_raw", same) as stage:
+        wh.execute(
+            render(
+                "update_entity_staged_raw",
+                wh.dialect,
+                table=quote(config.table),
+                stage=stage,
+                assignments=assignments,
+                key_join=_key_join(keys),
+            )
+        )
+
+
+def _evolving(
+    config: SourceBase, new: dict[str, str | None], evolved: dict[str, str], actions: dict[str, str]
+) -> dict[str, str]:
+    """The new fields that become columns (field -> column type); says why in ``actions``.
+
+    Text (or JSON for objects and lists), whatever the first values looked like: upstream
+    may send 7 today and "n/a" tomorrow, and a typed column would then fail every sync.
+    Declaring the field as a column gives it a type.
+    """
+    taken = {evolved_column(f): f for f in evolved} | {c: c for c in config.columns}
+    become = {}
+    for f, t in new.items():
+        column = evolved_column(f)
+        declared = config.columns.get(column)
+        if declared is not None and (declared.path or column) == f:
+            actions[f] = f"column {column} (declared)"
+        elif not IDENTIFIER.match(column) or column.startswith("_") or len(column) > 59:
+            actions[f] = f"raw only: {column!r} is no column name"
+        elif column in taken:
+            owner = "a declared column" if taken[column] in config.columns else repr(taken[column])
+            actions[f] = f"raw only: column {column!r} is {owner}"
+        else:
+            taken[column] = f
+            become[f] = "json" if t == "json" else "text"
+            actions[f] = f"column {column}"
+    return become
 
 
 def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -> bool:
@@ -427,7 +491,10 @@ def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -
 
 def _stored_validators(wh: Warehouse, config: SourceBase) -> dict[str, Validator]:
     rows = wh.fetch(render("select_http_validators", wh.dialect), (config.name,))
-    return {key: Validator(etag=etag, last_modified=modified) for key, etag, modified in rows}
+    return {
+        key: Validator(etag=etag, last_modified=modified, walk=walk)
+        for key, etag, modified, walk in rows
+    }
 
 
 def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult) -> None:
@@ -441,8 +508,9 @@ def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult)
             "request_key": list(fetched.validators),
             "etag": [v.etag for v in fetched.validators.values()],
             "last_modified": [v.last_modified for v in fetched.validators.values()],
+            "walk": [v.walk for v in fetched.validators.values()],
         },
-        schema={k: pl.String for k in ("source", "request_key", "etag", "last_modified")},
+        schema={k: pl.String for k in ("source", "request_key", "etag", "last_modified", "walk")},
     )
     with wh.staged("cw_validators", staged) as stage:
         wh.execute(render("insert_http_validators_staged", wh.dialect, stage=stage))
@@ -500,7 +568,7 @@ def _write_changes(
                     stage=stage,
                     columns=", ".join(quote(c) for c in columns),
                     select_columns=_select_list(config, columns),
-                    evolved_columns="".join(f", {quote(f)}" for f in evolved),
+                    evolved_columns="".join(f", {quote(evolved_column(f))}" for f in evolved),
                     evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
                 )
             )

@@ -141,10 +141,26 @@ def _xml_record(
     }
 
 
+# RSS `<author>` is an e-mail address, optionally followed by the name in parentheses.
+_EMAIL_AND_NAME = re.compile(r"\s*[^\s@()]+@[^\s@()]+(?:\s*\((?P<name>.*)\))?\s*")
+
+
 def _feedparser_author(item: Mapping[str, Any]) -> str | None:
-    # `author_detail.name` is "Release Bot" where `author` is "bot@example.com (Release Bot)".
+    """The author's name, or the e-mail address when that is all there is.
+
+    >>> _feedparser_author({"author": "ops@status.example (Ops Team)"})
+    'Ops Team'
+    >>> _feedparser_author({"author": "jane@x.example"})
+    'jane@x.example'
+    """
+    text = _str(dict.get(item, "author"))
+    # feedparser splits "email (Name)" with an e-mail pattern that knows only 2-4 letter
+    # TLDs: "x@host.example (Jane)" comes back as name "ple (Jane". So the split is ours.
+    if text and (match := _EMAIL_AND_NAME.fullmatch(text)):
+        return _str(match["name"]) or text.strip()
+    # `author_detail.name` is an Atom <name> (feedparser's `author` adds the e-mail to it).
     detail = dict.get(item, "author_detail") or {}
-    return _str(detail.get("name")) or _str(dict.get(item, "author"))
+    return _str(detail.get("name")) or text
 
 
 def _plain_text(value: Any, detail: Mapping[str, Any] | None) -> str | None:

@@ -114,11 +114,22 @@ class _Walk:
     counted: bool = True  # every kept page was decoded, so record_count is the total
     unchanged: list[tuple[_Listing, Paginator, PageRequest]] = field(default_factory=list)
     ignored: Counter[int] = field(default_factory=Counter)  # statuses a response action took
+    root: str | None = None  # the key of the walk's first request: names the walk
 
     def keep(self, document: bytes) -> None:
         self.documents.append(document)
         if self.sink is not None:
             self.sink(document, self.records_path)
+
+    def reshaped(self) -> bool:
+        """Whether this walk requested other pages than the stored walk of the same root.
+
+        Every remembered page is stored (with an empty validator when the server gave none),
+        so a page that is gone (a last page whose items were deleted, a deleted parent's
+        child walk) shows here even when every page left answered 304.
+        """
+        before = {key for key, validator in self.stored.items() if validator.walk == self.root}
+        return before != self.validators.keys()
 
 
 class RestSource:
@@ -157,7 +168,10 @@ class RestSource:
         the changed pages only (the other pages' rows are stored already). A snapshot walk
         then no longer holds the full listing, and without it deletes go unseen (now, and
         forever if the next sync is all 304); so once a page has changed it asks the rest
-        unconditionally and fetches the 304 pages again, returning ``complete=True``.
+        unconditionally and fetches the 304 pages again, returning ``complete=True``. A
+        snapshot walk that is all 304 but requested other pages than the stored walk (see
+        ``Validator.walk``: a page or a parent's child walk is gone) is walked again without
+        validators, for the same reason.
         """
         config = self.config
         params: dict[str, Any] = dict(config.params)
@@ -171,6 +185,13 @@ class RestSource:
         with self.client_factory(policy=self.policy, name=config.name) as client:
             for listing in self._listings(client, walk, own):
                 self._walk(client, walk, listing)
+            if snapshot and walk.unchanged and not walk.documents and walk.reshaped():
+                # Every page answered 304, but fewer pages (or parents) than last time: the
+                # missing ones held rows that are now deletes. Walk it all again, without
+                # validators (a 304's Link header cannot be trusted to carry the rest).
+                walk = _Walk({}, config.records_path, sink)
+                for listing in self._listings(client, walk, own):
+                    self._walk(client, walk, listing)
             if snapshot and walk.unchanged and walk.documents:
                 changed, walk.documents = walk.documents, []
                 for listing, paginator, page in walk.unchanged:
@@ -309,9 +330,13 @@ class RestSource:
             )
         with self._context():
             headers, auth_params = credentials(config.auth)
+        if walk.root is None:
+            walk.root = request_key(request, auth_params)
         remember = paginator.conditional and not listing.parent
         key = request_key(request, auth_params) if remember else None
         validator = walk.stored.get(key) if key is not None and conditional else None
+        if validator is not None and not validator.sendable:
+            validator = None  # the page was walked, but gave nothing to send back
         try:
             response = client.get(
                 request.url,
@@ -336,9 +361,9 @@ class RestSource:
                 "304 Not Modified to a request without validators"
             )
         if key is not None:
-            kept = validator_of(response, validator)
-            if kept is not None:
-                walk.validators[key] = kept
+            # Kept even without a validator: the walk's shape is compared next time.
+            kept = validator_of(response, validator) or Validator()
+            walk.validators[key] = replace(kept, walk=walk.root)
         if not_modified:
             return response, None, []
         body: Any = None

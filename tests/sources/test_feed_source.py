@@ -468,6 +468,27 @@ def test_duplicate_ids_in_one_document_keep_the_newest(api):
 # --- a real sync ------------------------------------------------------------------------------
 
 
+def test_rss_author_names_come_from_the_parenthesis(api, warehouse_url):
+    authors = {
+        "a": "x@host.example (Jane Doe)",  # a TLD feedparser's e-mail pattern does not know
+        "b": "ci@builds.example.museum (Build (nightly) Bot)",
+        "c": "bot@example.com (Release Bot)",
+        "d": "ops@status.example",
+        "e": "Plain Name",
+    }
+    items = [{"guid": guid, "title": guid, "author": author} for guid, author in authors.items()]
+    serve(api, rss(items), RSS)
+    with connect(warehouse_url) as wh:
+        assert run_sync(wh, make_source(api)).inserted == 5
+        assert wh.fetch("SELECT entry_id, author FROM feed_entries ORDER BY entry_id") == [
+            ("a", "Jane Doe"),
+            ("b", "Build (nightly) Bot"),
+            ("c", "Release Bot"),
+            ("d", "ops@status.example"),
+            ("e", "Plain Name"),
+        ]
+
+
 def test_sync_inserts_then_nothing_then_only_the_new_entry(api, warehouse_url):
     items = [
         {

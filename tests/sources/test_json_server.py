@@ -145,6 +145,19 @@ sources:
       id: bigint
       title: text
 
+  - name: js_pages
+    type: rest
+    table: js_pages
+    base_url: {url}
+    path: /items
+    # json-server answers _page with a Link header, and a matching If-None-Match with a 304.
+    params: {{_page: 1, _limit: 249}}
+    paginator: {{type: link_header}}
+    primary_key: id
+    columns:
+      id: bigint
+      title: text
+
   - name: js_comments
     type: rest
     table: js_comments
@@ -242,3 +255,24 @@ def test_child_resource_keyed_by_parent(
         log = wh.fetch_frame("SELECT kind, object_key FROM js_comments_changes")
         changed = log.filter(pl.col("kind") != "insert").sort("kind").rows()
         assert changed == [("delete", '{"item_id":40,"id":40}'), ("update", '{"item_id":1,"id":1}')]
+
+
+def test_deletes_behind_304s_are_seen(
+    json_server: JsonServer, tmp_path: Path, warehouse_url: str
+) -> None:
+    sources = sources_from_yaml(json_server, tmp_path)
+    pages, comments = sources["js_pages"], sources["js_comments"]
+    with connect(warehouse_url) as wh:
+        assert counts(run_sync(wh, pages)) == (250, 0, 0)
+        assert counts(run_sync(wh, comments)) == (250, 0, 0)
+        assert run_sync(wh, pages).not_modified and run_sync(wh, comments).not_modified
+
+        # Item 250 was page 2's only item: page 1 is the same body (a 304), with no next link.
+        # json-server deletes its comment too; the other 249 child walks answer 304.
+        json_server.delete("items", 250)
+        after = run_sync(wh, pages)
+        assert counts(after) == (0, 0, 1) and not after.not_modified
+        assert counts(run_sync(wh, comments)) == (0, 0, 1)
+        deletes = wh.fetch("SELECT object_key FROM js_comments_changes WHERE kind = 'delete'")
+        assert deletes == [('{"item_id":250,"id":250}',)]
+        assert run_sync(wh, pages).not_modified and run_sync(wh, comments).not_modified

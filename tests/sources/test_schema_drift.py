@@ -3,6 +3,7 @@ or stops the sync, per the source's `schema` setting; no content hash moves beca
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -97,7 +98,8 @@ def test_a_field_that_changes_kind_does_not_break_the_source(
     stats = sync(warehouse_url, api, words, "evolve")
     assert stats.updated == 1  # b -> b2; the score is not part of the content
     with connect(warehouse_url) as wh:
-        assert wh.fetch("SELECT score FROM items ORDER BY id") == [("7",), ("7.5",)]
+        # Row 1 did not change, but its payload did: the evolved column follows it.
+        assert wh.fetch("SELECT score FROM items ORDER BY id") == [("n/a",), ("7.5",)]
 
 
 def test_declaring_a_drifted_field_makes_it_an_ordinary_column(
@@ -121,3 +123,52 @@ def test_declaring_a_drifted_field_makes_it_an_ordinary_column(
         stats = run_sync(wh, RestSource(config))
         assert wh.fetch("SELECT score FROM items WHERE id = 3") == [("1",)]
     assert stats.inserted == 1
+
+
+def test_camel_case_fields_evolve_as_snake_case_columns(warehouse_url: str, api: ApiServer) -> None:
+    sync(warehouse_url, api, BEFORE, "evolve")
+    drifted = [
+        {**record, "supplierRef": f"S-{record['id']}", "HTTPCode": 200, "Name": "x", "_rev": 3}
+        for record in BEFORE
+    ]
+    stats = sync(warehouse_url, api, drifted, "evolve")
+    assert stats.changed == 0
+    new_row = {"id": 3, "name": "c", "supplierRef": "S-3", "HTTPCode": 404}
+    assert sync(warehouse_url, api, [*drifted, new_row], "evolve").inserted == 1
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT id, supplier_ref, http_code FROM items ORDER BY id") == [
+            (1, "S-1", "200"),
+            (2, "S-2", "200"),
+            (3, "S-3", "404"),
+        ]
+    assert ("supplierRef", "text", "evolved") in fields(warehouse_url)
+    assert ("_rev", "bigint", "discarded") in fields(warehouse_url)
+    # The drift event says what became of each field, and why one stays raw-only.
+    assert stats.drift_actions == {
+        "supplierRef": "column supplier_ref",
+        "HTTPCode": "column http_code",
+        "Name": "raw only: column 'name' is a declared column",
+        "_rev": "raw only: '_rev' is no column name",
+    }
+
+
+@pytest.mark.parametrize("mode", ["evolve", "discard"])
+def test_raw_follows_undeclared_fields_without_a_change(
+    warehouse_url: str, api: ApiServer, mode: str
+) -> None:
+    sync(warehouse_url, api, [{"id": 1, "name": "a", "note": "x"}, {"id": 2, "name": "b"}], mode)
+    stats = sync(warehouse_url, api, [{"id": 1, "name": "a", "note": "y"}, *BEFORE[1:]], mode)
+    assert (stats.changed, stats.unchanged) == (0, 2)
+    with connect(warehouse_url) as wh:
+        raw = wh.fetch("SELECT CAST(_raw AS TEXT) FROM items WHERE id = 1")[0][0]
+        assert json.loads(raw) == {"id": 1, "name": "a", "note": "y"}
+        assert wh.fetch("SELECT count(*) FROM items_changes") == [(2,)]  # the two inserts
+    # Evolved columns are read from the payload, so they follow it too.
+    sync(warehouse_url, api, [{"id": 1, "name": "a", "note": "y", "score": 1}, *BEFORE[1:]], mode)
+    sync(warehouse_url, api, [{"id": 1, "name": "a", "note": "z", "score": 2}, *BEFORE[1:]], mode)
+    with connect(warehouse_url) as wh:
+        raw = wh.fetch("SELECT CAST(_raw AS TEXT) FROM items WHERE id = 1")[0][0]
+        assert json.loads(raw)["score"] == 2
+        if mode == "evolve":
+            assert wh.fetch("SELECT score FROM items WHERE id = 1") == [("2",)]
+        assert wh.fetch("SELECT count(*) FROM items_changes") == [(2,)]
