@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import dagster as dg
+import pytest
 from cw_testing import REPO
 
 DEFS_YAML = """\
@@ -24,6 +25,7 @@ attributes:
 
 OWN_ASSET = """\
 import dagster as dg
+import pytest
 
 
 @dg.asset
@@ -35,6 +37,7 @@ DEFINITIONS = """\
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 
 @dg.definitions
@@ -81,16 +84,18 @@ def validate(root: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_component_joins_a_team_code_location(tmp_path: Path) -> None:
+def test_component_joins_a_team_code_location(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scaffold(tmp_path, (REPO / "watches.yaml").read_text())
     done = validate(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Validation successful" in done.stdout + done.stderr
 
     # The same project loaded in this process: the team's asset and changewatch's side by side.
+    monkeypatch.setenv("CHANGEWATCH_DEMO_URL", "http://127.0.0.1:9")
     sys.path.insert(0, str(tmp_path))
     try:
-        os.environ.setdefault("CHANGEWATCH_DEMO_URL", "http://127.0.0.1:9")
         defs = dg.load_from_defs_folder(path_within_project=tmp_path / "team_project")
     finally:
         sys.path.remove(str(tmp_path))
