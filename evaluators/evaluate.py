@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 import polars as pl
@@ -26,6 +27,7 @@ from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
 from changewatch.warehouse.statements import quote, render
+from jinja2 import Template
 from jinja2.sandbox import SandboxedEnvironment
 
 __all__ = [
@@ -440,8 +442,14 @@ def _context(
     }
 
 
+@lru_cache(maxsize=256)
+def _compiled(template: str) -> Template:
+    """``template`` compiled once per text: compiling costs a hundred times a render."""
+    return _TEMPLATES.from_string(template)
+
+
 def _render(template: str, context: Mapping[str, Any]) -> str:
-    return _TEMPLATES.from_string(template).render(**context).strip()
+    return _compiled(template).render(**context).strip()
 
 
 def _decide(
@@ -474,6 +482,7 @@ def _decide(
     )
     rows, notifications = [], []
     judge = watch.judge
+    judged_by = judge_version(judge) if judge else None  # a hash: worked out once, not per row
     for row in changes.filter(pl.col("_passed")).iter_rows(named=True):
         judged = verdicts[row["change_id"]] if judge else _Decision("notify")
         verdict, outcome = judged.verdict, judged.outcome
@@ -492,7 +501,7 @@ def _decide(
             "reasoning": verdict.reasoning if verdict else None,
             "confidence": verdict.confidence if verdict else None,
             "model": judge.model if judge else None,
-            "judge_version": judge_version(judge) if judge else None,
+            "judge_version": judged_by,
             "judge_error": judged.error,
             "filter_error": None,
             "cache_hit": judged.cache_hit if judge else None,
