@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -17,6 +17,7 @@ from uuid import UUID
 
 __all__ = [
     "URGENCIES",
+    "BatchChannel",
     "Channel",
     "DeliveryError",
     "Notification",
@@ -167,3 +168,14 @@ class Channel(Protocol):
     name: str
 
     def send(self, notification: Notification) -> None: ...
+
+
+@runtime_checkable
+class BatchChannel(Channel, Protocol):
+    """A channel that delivers many notifications at once (one write for a whole batch).
+
+    `send_batch` returns one entry per notification, in order: None once that one is
+    delivered, or the DeliveryError it failed with. An exception it raises failed them all.
+    """
+
+    def send_batch(self, notifications: Sequence[Notification]) -> list[DeliveryError | None]: ...

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 from changewatch.channels.base import DeliveryError, Notification
@@ -36,9 +38,9 @@ def _lock_for(path: Path) -> threading.Lock:
 class FileChannel:
     """Appends `notification.to_json()` as one line of JSON (JSON Lines) to `path`.
 
-    Each line goes out in a single write on an O_APPEND descriptor, under a per-file lock:
+    A batch of lines goes out in one write on an O_APPEND descriptor, under a per-file lock:
     lines from concurrent senders in one process never interleave, and appends from other
-    processes land between whole lines on local filesystems.
+    processes land between whole batches on local filesystems.
     """
 
     def __init__(self, name: str, path: str | os.PathLike[str]):
@@ -46,22 +48,33 @@ class FileChannel:
         self.path = Path(path).expanduser()
 
     def send(self, notification: Notification) -> None:
-        line = notification.to_json_bytes() + b"\n"
+        error = self.send_batch([notification])[0]
+        if error is not None:
+            raise error
+
+    def send_batch(self, notifications: Sequence[Notification]) -> list[DeliveryError | None]:
+        """Append one line per notification; each line written in full counts as delivered."""
+        lines = [n.to_json_bytes() + b"\n" for n in notifications]
+        data = b"".join(lines)
+        done = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with _lock_for(self.path):
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
-                    written = os.write(fd, line)
-                    if written != len(line):  # a full disk part-way: finish the line
-                        view = memoryview(line)[written:]
-                        while view:
-                            view = view[os.write(fd, view) :]
+                    view = memoryview(data)
+                    while done < len(data):  # a full disk part-way: finish what we can
+                        done += os.write(fd, view[done:])
                 finally:
                     os.close(fd)
         except OSError as exc:
-            raise DeliveryError(
+            error = DeliveryError(
                 f"file channel {self.name}: cannot append to {self.path}: "
                 f"{exc.strerror or exc.__class__.__name__}",
                 retryable=exc.errno not in _PERMANENT,
-            ) from exc
+            )
+            error.__cause__ = exc
+            # The lines wholly written before the failure did arrive: only the rest failed.
+            ends = itertools.accumulate(len(line) for line in lines)
+            return [None if end <= done else error for end in ends]
+        return [None] * len(lines)

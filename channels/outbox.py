@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
-from changewatch.channels.base import Channel, DeliveryError, Notification
+from changewatch.channels.base import BatchChannel, Channel, DeliveryError, Notification
 from changewatch.channels.build import build_channel
 from changewatch.channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
 from changewatch.channels.digest import DigestItem, build_digest_message, write_digest_files
@@ -43,6 +43,11 @@ class DeliveryPolicy:
     backoff_max: timedelta = timedelta(hours=1)
     # A claim older than this belongs to a process that died while sending.
     lease: timedelta = timedelta(minutes=10)
+    # Deliveries claimed, sent and recorded together. A crash between claim and record parks
+    # the whole batch as dead, so channels sending one message at a time (email, webhook...),
+    # where a batch saves little next to the sends, get small batches.
+    batch_size: int = 1000
+    message_batch_size: int = 20
 
     def next_attempt(self, attempts: int, now: datetime, retry_after: float | None) -> datetime:
         """When to try again after ``attempts`` failures.
@@ -87,7 +92,12 @@ def deliver_due(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     build: Callable[[ChannelConfig], Channel] = build_channel,
 ) -> DeliveryStats:
-    """Send every pending delivery whose time has come; return what happened."""
+    """Send every pending delivery whose time has come; return what happened.
+
+    Deliveries go channel by channel, in batches: each batch is claimed in one transaction,
+    sent (a channel with ``send_batch`` takes it in one call), and its outcomes recorded in
+    one transaction.
+    """
     policy = policy or DeliveryPolicy()
     stats = DeliveryStats()
     started = now()
@@ -95,64 +105,98 @@ def deliver_due(
         ensure_delivery_tables(wh)
         parked = wh.fetch(render("update_deliveries_stale", wh.dialect), (started - policy.lease,))
         stats.interrupted = len(parked)
-    due = wh.fetch(render("select_deliveries_due", wh.dialect), (started,))
-    if not due:
+    due = wh.fetch_frame(render("select_deliveries_due", wh.dialect), (started,))
+    if due.is_empty():
         return stats
-    keys = pl.DataFrame(
-        {"notification_id": sorted({row[0] for row in due})}, schema={"notification_id": pl.String}
-    )
-    with wh.staged("cw_due", keys) as stage:
-        rows = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
-    notifications = {
-        row["notification_id"]: _notification(row) for row in rows.iter_rows(named=True)
-    }
     configured = {c.name: c for c in channels}
-    built: dict[str, Channel] = {}
-    for notification_id, channel_name in due:
-        with wh.transaction():
-            claimed = wh.fetch(
-                render("claim_deliveries", wh.dialect), (now(), notification_id, channel_name)
+    # Channels in the order their first delivery is due; each keeps its deliveries' order.
+    for (channel_name,), rows in due.group_by("channel", maintain_order=True):
+        channel: Channel | Exception | None = None
+        if channel_name in configured:
+            try:
+                channel = build(configured[channel_name])
+            except Exception as failure:  # noqa: BLE001 - counted as each delivery's failure
+                channel = failure
+        size = policy.batch_size if isinstance(channel, BatchChannel) else policy.message_batch_size
+        for offset in range(0, rows.height, size):
+            _deliver_batch(wh, channel_name, channel, rows.slice(offset, size), policy, now, stats)
+    return stats
+
+
+# What one send came to: None when delivered, the failure, or _UNSENT when handed back unsent.
+_UNSENT = object()
+
+
+def _deliver_batch(
+    wh: Warehouse,
+    channel_name: str,
+    channel: Channel | Exception | None,
+    batch: pl.DataFrame,
+    policy: DeliveryPolicy,
+    now: Callable[[], datetime],
+    stats: DeliveryStats,
+) -> None:
+    """Claim ``batch`` (deliveries to one channel), send it, and record every outcome."""
+    claimed_at = now()
+    with wh.transaction():
+        # Claims of concurrent deliverers take turns, so their row locks never deadlock.
+        wh.lock("changewatch:deliver")
+        with wh.staged("cw_claim", batch.select("notification_id", "channel")) as stage:
+            claimed = wh.fetch_frame(
+                render("claim_deliveries_staged", wh.dialect, stage=stage), (claimed_at,)
             )
-        if not claimed:
-            continue  # another deliverer took it
-        attempts = claimed[0][0]
-        notification = notifications[notification_id]
-        status, error, retry_after = "sent", None, None
-        try:
-            if channel_name not in configured:
-                raise DeliveryError(f"channel {channel_name!r} is not configured", retryable=False)
-            if channel_name not in built:
-                built[channel_name] = build(configured[channel_name])
-            built[channel_name].send(notification)
-        except DeliveryError as failure:
-            error, retry_after = str(failure)[:1000], failure.retry_after
-            status = "pending" if failure.retryable and attempts < policy.max_attempts else "dead"
-        except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+    if claimed.is_empty():
+        return  # another deliverer took them
+    # In due order (RETURNING promises none), with each notification's content.
+    with wh.staged("cw_due", claimed.select("notification_id")) as stage:
+        content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
+    claimed = batch.select("notification_id").join(
+        claimed.select("notification_id", "attempts"), on="notification_id", maintain_order="left"
+    )
+    by_id = {row["notification_id"]: row for row in content.iter_rows(named=True)}
+    notifications = [_notification(by_id[i]) for i in claimed.get_column("notification_id")]
+    deadline = claimed_at + policy.lease / 2
+    outcomes, times = _send(channel_name, channel, notifications, deadline, now)
+
+    finish: dict[str, list[Any]] = {name: [] for name in _FINISH_SCHEMA}
+    for notification, attempts, outcome, finished in zip(
+        notifications, claimed.get_column("attempts"), outcomes, times, strict=True
+    ):
+        error, retry_after, status = None, None, "sent"
+        if outcome is _UNSENT:
+            # Never attempted: back to pending as it was, due at once.
+            status, attempts = "pending", attempts - 1
+        elif isinstance(outcome, DeliveryError):
+            error, retry_after = str(outcome)[:1000], outcome.retry_after
+            status = "pending" if outcome.retryable and attempts < policy.max_attempts else "dead"
+        elif isinstance(outcome, Exception):
             # The send raised before completing; treat it as a failed, retryable attempt.
-            error = f"{type(failure).__name__}: {failure}"[:1000]
+            error = f"{type(outcome).__name__}: {outcome}"[:1000]
             status = "pending" if attempts < policy.max_attempts else "dead"
-        finished = now()
         next_attempt = (
             policy.next_attempt(attempts, finished, retry_after)
-            if status == "pending"
+            if status == "pending" and error is not None
             else finished
         )
-        # Settled one by one: a crash later in the pass leaves these already recorded.
-        with wh.transaction():
-            wh.execute(
-                render("finish_deliveries", wh.dialect),
-                (
-                    notification_id,
-                    channel_name,
-                    status,
-                    finished if status == "sent" else None,
-                    next_attempt,
-                    error,
-                ),
-            )
+        for name, value in zip(
+            _FINISH_SCHEMA,
+            (
+                notification.notification_id,
+                channel_name,
+                status,
+                attempts,
+                finished if status == "sent" else None,
+                next_attempt,
+                error,
+            ),
+            strict=True,
+        ):
+            finish[name].append(value)
         if status == "sent":
             stats.sent += 1
             stats.by_channel[channel_name] = stats.by_channel.get(channel_name, 0) + 1
+        elif error is None:
+            pass  # handed back unsent; logged once below
         elif status == "pending":
             stats.retrying += 1
             stats.log.append(
@@ -162,7 +206,63 @@ def deliver_due(
         else:
             stats.dead += 1
             stats.log.append(f"{channel_name}: {notification.title!r} dead-lettered: {error}")
-    return stats
+    unsent = sum(outcome is _UNSENT for outcome in outcomes)
+    if unsent:
+        stats.log.append(
+            f"{channel_name}: {unsent} deliveries left for the next pass: their batch reached "
+            "half the claim lease"
+        )
+    # Recorded per batch: a crash later in the pass leaves this batch already settled.
+    with wh.transaction():
+        with wh.staged("cw_finish", pl.DataFrame(finish, schema=_FINISH_SCHEMA)) as stage:
+            wh.execute(render("finish_deliveries_staged", wh.dialect, stage=stage))
+
+
+_FINISH_SCHEMA = {
+    "notification_id": pl.String,
+    "channel": pl.String,
+    "status": pl.String,
+    "attempts": pl.Int32,
+    "delivered_at": pl.Datetime("us", "UTC"),
+    "next_attempt_at": pl.Datetime("us", "UTC"),
+    "last_error": pl.String,
+}
+
+
+def _send(
+    channel_name: str,
+    channel: Channel | Exception | None,
+    notifications: list[Notification],
+    deadline: datetime,
+    now: Callable[[], datetime],
+) -> tuple[list[Any], list[datetime]]:
+    """Each notification's outcome (None, its failure, or _UNSENT) and when it was known."""
+    count = len(notifications)
+    if channel is None:
+        failure = DeliveryError(f"channel {channel_name!r} is not configured", retryable=False)
+        return [failure] * count, [now()] * count
+    if isinstance(channel, Exception):  # building the channel failed
+        return [channel] * count, [now()] * count
+    if isinstance(channel, BatchChannel):
+        try:
+            outcomes: list[Any] = list(channel.send_batch(notifications))
+        except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+            outcomes = [failure] * count
+        return outcomes, [now()] * count
+    outcomes, times = [], []
+    for notification in notifications:
+        # A batch must be recorded well within the lease, or a deliverer starting meanwhile
+        # would park the deliveries still to come as interrupted.
+        if now() >= deadline:
+            outcomes.append(_UNSENT)
+        else:
+            try:
+                channel.send(notification)
+                outcomes.append(None)
+            except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+                outcomes.append(failure)
+        times.append(now())
+    return outcomes, times
 
 
 def _notification(row: dict[str, Any]) -> Notification:

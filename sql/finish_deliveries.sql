@@ -1,4 +1,0 @@
--- Records one send's outcome; only the claimant (status 'sending') may.
-UPDATE deliveries
-SET status = $3, delivered_at = $4, next_attempt_at = $5, last_error = $6
-WHERE notification_id = $1 AND channel = $2 AND status = 'sending'
