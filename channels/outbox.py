@@ -164,7 +164,7 @@ def _deliver_batch(
     ):
         error, retry_after, status = None, None, "sent"
         if outcome is _UNSENT:
-            # Never attempted: back to pending as it was, due at once.
+            # Never attempted: back to pending as it was before the claim.
             status, attempts = "pending", attempts - 1
         elif isinstance(outcome, DeliveryError):
             error, retry_after = str(outcome)[:1000], outcome.retry_after
@@ -188,6 +188,7 @@ def _deliver_batch(
                 finished if status == "sent" else None,
                 next_attempt,
                 error,
+                outcome is _UNSENT,
             ),
             strict=True,
         ):
@@ -226,6 +227,7 @@ _FINISH_SCHEMA = {
     "delivered_at": pl.Datetime("us", "UTC"),
     "next_attempt_at": pl.Datetime("us", "UTC"),
     "last_error": pl.String,
+    "handed_back": pl.Boolean,
 }
 
 

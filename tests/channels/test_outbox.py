@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import email
 import email.policy
+import json
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import standardwebhooks
-from changewatch.channels.config import DigestConfig, EmailChannelConfig, WebhookChannelConfig
+from changewatch.channels.config import (
+    DigestConfig,
+    EmailChannelConfig,
+    FileChannelConfig,
+    WebhookChannelConfig,
+)
 from changewatch.channels.outbox import DeliveryPolicy, deliver_due, send_digest_window
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import evaluate_watch
@@ -188,6 +195,74 @@ def test_unknown_channel_is_dead_lettered(warehouse_url: str, demo_api: DemoAPIS
     assert stats.dead == 1
     with connect(warehouse_url) as wh:
         assert "not configured" in wh.fetch("SELECT last_error FROM deliveries")[0][0]
+
+
+def test_file_deliveries_go_in_batches_each_line_once(
+    warehouse_url: str, demo_api: DemoAPIServer, tmp_path: Path
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["log"], count=5)
+    out = tmp_path / "notifications.jsonl"
+    log = FileChannelConfig(name="log", type="file", path=str(out))
+    policy = DeliveryPolicy(batch_size=2)  # batches of 2, 2 and 1
+    with connect(warehouse_url) as wh:
+        stats = deliver_due(wh, [log], policy=policy)
+        ids = [row[0] for row in wh.fetch("SELECT notification_id FROM outbox")]
+        again = deliver_due(wh, [log], policy=policy)
+    assert (stats.sent, stats.by_channel, again.sent) == (5, {"log": 5}, 0)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    # Every notification once, in the order deliveries fell due (ties by notification id).
+    assert [line["notification_id"] for line in lines] == sorted(ids)
+    assert sorted(line["title"].split(":")[0] for line in lines) == [
+        f"Issue #{n}" for n in range(1, 6)
+    ]
+    assert statuses(warehouse_url) == [("log", "sent", 1)] * 5
+
+
+def test_a_batch_records_each_notifications_own_outcome(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["hook"], count=3)
+    # One batch of three sends: delivered, refused for now, refused for good.
+    http_receiver.responses = [(200, {}), (503, {}), (400, {})]
+    policy = DeliveryPolicy(message_batch_size=3)
+    with connect(warehouse_url) as wh:
+        stats = deliver_due(wh, [webhook(http_receiver)], policy=policy)
+        rows = wh.fetch("SELECT notification_id, status, attempts, last_error FROM deliveries")
+    assert (stats.sent, stats.retrying, stats.dead) == (1, 1, 1)
+    outcome = {nid: (status, attempts, error) for nid, status, attempts, error in rows}
+    sent, retried, refused = (outcome[r.headers["webhook-id"]] for r in http_receiver.requests)
+    assert sent == ("sent", 1, None)
+    assert retried[:2] == ("pending", 1) and "503" in retried[2]
+    assert refused[:2] == ("dead", 1) and "400" in refused[2]
+
+
+def test_a_batch_nearing_its_lease_hands_back_what_it_has_not_sent(
+    warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["hook"], count=4)
+    start = datetime.now(UTC) + timedelta(minutes=1)
+    ticks = iter(range(1000))
+
+    def slow_clock() -> datetime:
+        # Each look at the clock is a minute later: the sends are slow.
+        return start + timedelta(minutes=next(ticks))
+
+    policy = DeliveryPolicy(lease=timedelta(minutes=10), message_batch_size=10)
+    with connect(warehouse_url) as wh:
+        first = deliver_due(wh, [webhook(http_receiver)], policy=policy, now=slow_clock)
+    # Claimed at minute 1; half the lease is over at minute 6: two sent, two handed back
+    # untouched, so no deliverer starting now can park them as interrupted.
+    assert (first.sent, first.retrying, first.dead) == (2, 0, 0)
+    assert len(http_receiver.requests) == 2
+    assert "2 deliveries left for the next pass" in first.log[0]
+    assert (
+        sorted(statuses(warehouse_url)) == [("hook", "pending", 0)] * 2 + [("hook", "sent", 1)] * 2
+    )
+    with connect(warehouse_url) as wh:
+        second = deliver_due(wh, [webhook(http_receiver)], policy=policy)
+    assert second.sent == 2
+    assert len({r.headers["webhook-id"] for r in http_receiver.requests}) == 4
+    assert statuses(warehouse_url) == [("hook", "sent", 1)] * 4
 
 
 def test_digest_window_is_sent_once(
