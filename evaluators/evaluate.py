@@ -598,7 +598,10 @@ def _decide(
         ],
         how="diagonal_relaxed",
     ).select(list(_EVALUATION_SCHEMA))
-    outbox = pl.DataFrame(notifications, schema=_OUTBOX_SCHEMA).unique("notification_id")
+    # Changes sharing a key in one run: the first one says it, as it would in runs of its own.
+    outbox = pl.DataFrame(notifications, schema=_OUTBOX_SCHEMA).unique(
+        "notification_id", keep="first", maintain_order=True
+    )
     return evaluations, outbox
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import evaluate_watch
 from changewatch.evaluators.filters import compile_filter
 from changewatch.evaluators.judge import Judge
-from changewatch.sources.demo import DemoAPIServer
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
@@ -254,6 +255,68 @@ def test_call_cap_holds_the_rest(
     assert (second.judged, second.held) == (15, 10)
     assert (third.judged, third.held) == (10, 0)
     assert len(llm.requests) == 40
+
+
+def test_thousands_of_notifications_cost_little_cpu(warehouse_url: str) -> None:
+    # Templates are compiled once per text and rendered over all notifications at once;
+    # compiling them for each notification took about ten times this budget.
+    with DemoAPIServer(DemoTracker(issues=3000, seed=3)) as api:
+        source = demo_config(api)
+        sync(warehouse_url, source)
+    watch = Watch(
+        name="every_issue",
+        sources=["demo_issues"],
+        title="New #{{ key }}: {{ new.title }}",
+        body="{{ new.title }} ({{ new.comments }} comments, labels {{ new.labels | join(', ') }})",
+        channels=["log"],
+    )
+    started = time.process_time()
+    stats = evaluate(warehouse_url, watch, source)
+    cpu = time.process_time() - started
+    assert stats.notified == 3000
+    assert cpu < 3.0, f"evaluating 3,000 changes took {cpu:.2f} s of CPU"
+    with connect(warehouse_url) as wh:
+        titles = wh.fetch(
+            "SELECT o.title, i.number, i.title FROM outbox o"
+            " JOIN issues i ON o.object_key = CAST(i.number AS TEXT)"
+        )
+    assert len(titles) == 3000
+    assert all(title == f"New #{number}: {issue}" for title, number, issue in titles)
+
+
+def test_changes_sharing_a_dedupe_key_in_one_evaluation_notify_once(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    watch = Watch(
+        name="edited",
+        sources=["demo_issues"],
+        where="kind = 'update'",
+        dedupe="per_object",
+        title="#{{ key }} is now {{ new.title }}",
+        channels=["a", "b"],
+    )
+    sync(warehouse_url, source)
+    assert evaluate(warehouse_url, watch, source).notified == 0  # only inserts so far
+    for _ in range(2):  # every issue edited twice: two changes with one key each
+        demo_api.tracker.mutate(update=40)
+        sync(warehouse_url, source)
+    stats = evaluate(warehouse_url, watch, source)
+    assert (stats.changes_read, stats.notified) == (80, 40)
+    with connect(warehouse_url) as wh:
+        per_issue = wh.fetch(
+            "SELECT e.object_key, count(*), count(DISTINCT e.notification_id),"
+            " min(e.change_id), max(o.change_id)"
+            " FROM evaluations e JOIN outbox o USING (notification_id)"
+            " WHERE e.passed_filter GROUP BY e.object_key"
+        )
+        assert wh.fetch("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox") == [(40, 40)]
+        assert wh.fetch("SELECT count(*) FROM deliveries") == [(80,)]
+    assert len(per_issue) == 40
+    # Each issue: two evaluations, one notification, saying what its first change said.
+    assert {(changes, ids, first == kept) for _, changes, ids, first, kept in per_issue} == {
+        (2, 1, True)
+    }
 
 
 def test_concurrent_evaluations_never_duplicate(demo_api: DemoAPIServer) -> None:
