@@ -25,3 +25,18 @@ def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "ratio first sync (bulk load) / fetch-only" in done.stdout
     assert "re-sync, 1k upd/100 del" in done.stdout
+
+
+def test_bench_notify_runs_on_both_backends() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_notify.py", *("--changes", "300", "--rounds", "1")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("duckdb ") and line.split()[1] != "round" for line in lines)
+    assert any(line.startswith("postgres ") and line.split()[1] != "round" for line in lines)
+    assert "notifications/s" in done.stdout
