@@ -63,7 +63,15 @@ def jsonable(value: Any) -> Any:
 
     Non-finite floats become None (JSON has no NaN). Mapping keys become strings.
     """
-    if value is None or isinstance(value, bool | int | str):
+    # Plain JSON data first, by exact type: every payload is mostly that, every delivery.
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): jsonable(v) for k, v in value.items()}
+    if kind is list:
+        return [jsonable(v) for v in value]
+    if isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
