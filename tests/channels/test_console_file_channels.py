@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -68,3 +70,46 @@ def test_file_into_a_directory_is_a_permanent_error(notification_factory, tmp_pa
     with pytest.raises(DeliveryError) as info:
         FileChannel("log", tmp_path).send(notification_factory())
     assert info.value.retryable is False
+
+
+def test_file_batch_is_one_write_of_every_line(notification_factory, tmp_path) -> None:
+    path = tmp_path / "n.jsonl"
+    batch = [notification_factory(notification_id=f"ntf_{i}", title=f"#{i}") for i in range(50)]
+    assert FileChannel("log", path).send_batch(batch) == [None] * 50
+    assert [json.loads(line) for line in path.read_bytes().splitlines()] == [
+        n.to_json() for n in batch
+    ]
+
+
+# A file-size limit makes the kernel write part of the batch and refuse the rest (EFBIG), as
+# a disk filling up part-way would. Its own process: the limit would bind pytest too.
+_PARTIAL_WRITE = """
+import json, resource, signal, sys
+from datetime import UTC, datetime
+from changewatch.channels import FileChannel, Notification
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+batch = [
+    Notification(notification_id=f"ntf_{i}", watch="w", source="s", object_key=str(i),
+                 kind="insert", title="x" * 100, body="", url=None, urgency="normal",
+                 summary=None, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+    for i in range(3)
+]
+line = len(batch[0].to_json_bytes()) + 1
+resource.setrlimit(resource.RLIMIT_FSIZE, (2 * line + line // 2, resource.RLIM_INFINITY))
+outcomes = FileChannel("log", sys.argv[1]).send_batch(batch)
+print(json.dumps([o if o is None else [str(o), o.retryable] for o in outcomes]))
+"""
+
+
+def test_file_batch_cut_short_counts_the_whole_lines_written(tmp_path) -> None:
+    path = tmp_path / "n.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", _PARTIAL_WRITE, str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    first, second, third = json.loads(done.stdout)
+    # Two whole lines arrived: delivered. The torn third failed and may be retried.
+    assert (first, second) == (None, None)
+    assert "cannot append" in third[0] and third[1] is True
+    lines = path.read_bytes().split(b"\n")
+    assert [json.loads(line)["notification_id"] for line in lines[:2]] == ["ntf_0", "ntf_1"]
