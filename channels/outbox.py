@@ -4,6 +4,12 @@ Delivery is a small state machine per (notification, channel) in the ``deliverie
 claimed (committed) before the send, settled after it. A definite failure is retried with
 exponential backoff until the attempt limit, then dead-lettered. A send interrupted by a
 crash is never retried blindly: it may have arrived, and a notification goes out at most once.
+
+Deliveries go in batches per channel: one transaction claims a batch, the channel sends it
+(``send_batch`` in one call, else one message at a time), one transaction records every
+outcome. A crash between the two leaves the whole batch claimed, and the next pass after the
+lease parks all of it as dead, sent or not: the price of two transactions per batch instead
+of two per notification, kept small by small batches for channels that send one by one.
 """
 
 from __future__ import annotations
