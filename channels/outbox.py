@@ -143,6 +143,11 @@ def _deliver_batch(
     stats: DeliveryStats,
 ) -> None:
     """Claim ``batch`` (deliveries to one channel), send it, and record every outcome."""
+    # Read before the claim: a notification that cannot be read stops the pass with nothing
+    # of this batch claimed, rather than parking the batch as interrupted.
+    with wh.staged("cw_due", batch.select("notification_id")) as stage:
+        content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
+    by_id = {row["notification_id"]: _notification(row) for row in content.iter_rows(named=True)}
     claimed_at = now()
     with wh.transaction():
         # Claims of concurrent deliverers take turns, so their row locks never deadlock.
@@ -153,14 +158,11 @@ def _deliver_batch(
             )
     if claimed.is_empty():
         return  # another deliverer took them
-    # In due order (RETURNING promises none), with each notification's content.
-    with wh.staged("cw_due", claimed.select("notification_id")) as stage:
-        content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
+    # In due order: RETURNING promises none.
     claimed = batch.select("notification_id").join(
         claimed.select("notification_id", "attempts"), on="notification_id", maintain_order="left"
     )
-    by_id = {row["notification_id"]: row for row in content.iter_rows(named=True)}
-    notifications = [_notification(by_id[i]) for i in claimed.get_column("notification_id")]
+    notifications = [by_id[i] for i in claimed.get_column("notification_id")]
     deadline = claimed_at + policy.lease / 2
     outcomes, times = _send(channel_name, channel, notifications, deadline, now)
 

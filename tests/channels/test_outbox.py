@@ -265,6 +265,23 @@ def test_a_batch_nearing_its_lease_hands_back_what_it_has_not_sent(
     assert statuses(warehouse_url) == [("hook", "sent", 1)] * 4
 
 
+def test_an_unreadable_notification_stops_the_pass_before_its_batch_is_claimed(
+    warehouse_url: str, demo_api: DemoAPIServer, tmp_path: Path
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["log"], count=3)
+    with connect(warehouse_url) as wh, wh.transaction():
+        wh.execute("UPDATE outbox SET urgency = 'apocalyptic' WHERE object_key = '2'")
+    log = FileChannelConfig(name="log", type="file", path=str(tmp_path / "n.jsonl"))
+    with connect(warehouse_url) as wh, pytest.raises(ValueError, match="urgency"):
+        deliver_due(wh, [log])
+    # Nothing claimed, so nothing is parked as interrupted: fixed, all three go out.
+    assert statuses(warehouse_url) == [("log", "pending", 0)] * 3
+    with connect(warehouse_url) as wh, wh.transaction():
+        wh.execute("UPDATE outbox SET urgency = 'high' WHERE object_key = '2'")
+    with connect(warehouse_url) as wh:
+        assert deliver_due(wh, [log]).sent == 3
+
+
 def test_digest_window_is_sent_once(
     warehouse_url: str, demo_api: DemoAPIServer, smtp_server: Any, tmp_path: Any
 ) -> None:
