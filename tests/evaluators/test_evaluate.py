@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import changewatch.evaluators.evaluate as evaluate_module
 import polars as pl
 import pytest
 from changewatch.evaluators.config import Watch
@@ -257,10 +257,10 @@ def test_call_cap_holds_the_rest(
     assert len(llm.requests) == 40
 
 
-def test_thousands_of_notifications_cost_little_cpu(warehouse_url: str) -> None:
-    # Templates are compiled once per text and rendered over all notifications at once;
-    # compiling them for each notification took about ten times this budget.
-    with DemoAPIServer(DemoTracker(issues=3000, seed=3)) as api:
+def test_templates_are_compiled_once_per_text_not_per_notification(warehouse_url: str) -> None:
+    # Compiling a template costs a hundred renders: 10,000 notifications once took 15 s.
+    # Speed itself is measured by bench/bench_notify.py; this pins the structure behind it.
+    with DemoAPIServer(DemoTracker(issues=500, seed=3)) as api:
         source = demo_config(api)
         sync(warehouse_url, source)
     watch = Watch(
@@ -270,17 +270,19 @@ def test_thousands_of_notifications_cost_little_cpu(warehouse_url: str) -> None:
         body="{{ new.title }} ({{ new.comments }} comments, labels {{ new.labels | join(', ') }})",
         channels=["log"],
     )
-    started = time.process_time()
+    evaluate_module._compiled.cache_clear()
+    evaluate_module._looped.cache_clear()
     stats = evaluate(warehouse_url, watch, source)
-    cpu = time.process_time() - started
-    assert stats.notified == 3000
-    assert cpu < 3.0, f"evaluating 3,000 changes took {cpu:.2f} s of CPU"
+    assert stats.notified == 500
+    # Title, body and url: each compiled (and looped over every notification) once.
+    assert evaluate_module._looped.cache_info().misses <= 3
+    assert evaluate_module._compiled.cache_info().misses <= 3
     with connect(warehouse_url) as wh:
         titles = wh.fetch(
             "SELECT o.title, i.number, i.title FROM outbox o"
             " JOIN issues i ON o.object_key = CAST(i.number AS TEXT)"
         )
-    assert len(titles) == 3000
+    assert len(titles) == 500
     assert all(title == f"New #{number}: {issue}" for title, number, issue in titles)
 
 
