@@ -3,33 +3,54 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
-from datetime import date, datetime, timedelta
-from zoneinfo import ZoneInfo
+from datetime import date
+from typing import TYPE_CHECKING, Any
 
-from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG
-from changewatch.pipeline.config import ChangewatchConfig, ConfigError, config_path, load_config
-from changewatch.pipeline.maintenance import RETENTION_ASSET
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import instance, locations, materialize, sync_source
+from changewatch.pipeline.errors import UsageError, explain, redact
+
+if TYPE_CHECKING:
+    from changewatch.pipeline.config import ChangewatchConfig
 
 __all__ = ["main"]
 
+# Only argparse and the errors module load before a command runs: Dagster, polars and DuckDB
+# take seconds to import, and `changewatch --help` or a typo should not wait for them.
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _log_to_stderr(debug=args.debug)
+    # The one error boundary: an expected failure is one line (after whatever summary the
+    # command printed) and a non-zero exit; --debug adds the traceback.
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        print("changewatch: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # noqa: BLE001 - every error leaves through here
+        return _report(error, debug=args.debug)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="changewatch", description=__doc__)
     parser.add_argument(
         "--config", help="watches file (default: $CHANGEWATCH_CONFIG or watches.yaml)"
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of a failure"
+    )
+    parser.add_argument(
+        "--version", action=_Version, help="print the installed version of changewatch"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(
         "demo", help="start the demo API, sync, evaluate and notify, change it, run again"
     )
     demo.add_argument("--issues", type=int, default=40, help="issues in the demo tracker")
-    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--seed", type=int, default=7, help="random seed of the demo tracker")
     demo.add_argument("--update", type=int, default=3, help="issues to edit between runs")
     demo.add_argument("--delete", type=int, default=1, help="issues to delete between runs")
     demo.add_argument("--create", type=int, default=2, help="issues to open between runs")
@@ -38,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sync = commands.add_parser(
         "sync", help="sync sources now (all, or the ones named), evaluate and deliver"
     )
-    sync.add_argument("sources", nargs="*")
+    sync.add_argument("sources", nargs="*", help="source names (default: every source)")
     sync.add_argument(
         "--silent", action="store_true", help="record changes without telling watches (backfill)"
     )
@@ -51,11 +72,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     release = commands.add_parser(
         "release", help="hand changes held by the change-storm guard to the watches"
     )
-    release.add_argument("source")
+    release.add_argument("source", help="the source whose held changes to release")
     release.add_argument("--discard", action="store_true", help="mark them silent instead")
 
     digest = commands.add_parser("digest", help="send one day's digest (default: yesterday)")
-    digest.add_argument("name")
+    digest.add_argument("name", help="the digest's name in the watches file")
     digest.add_argument("--day", type=date.fromisoformat, help="YYYY-MM-DD in the digest's zone")
     digest.add_argument(
         "--partial",
@@ -64,9 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     api = commands.add_parser("demo-api", help="serve the demo API until Ctrl-C")
-    api.add_argument("--port", type=int, default=8765)
-    api.add_argument("--issues", type=int, default=40)
-    api.add_argument("--seed", type=int, default=7)
+    api.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765)")
+    api.add_argument("--issues", type=int, default=40, help="issues in the demo tracker")
+    api.add_argument("--seed", type=int, default=7, help="random seed of the demo tracker")
 
     commands.add_parser("validate", help="load and check the watches file")
     commands.add_parser(
@@ -74,39 +95,105 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands.add_parser("prune", help="apply the retention settings now")
 
-    query = commands.add_parser("sql", help="run a read-only SQL query on the warehouse")
-    query.add_argument("query")
+    query = commands.add_parser("sql", help="run one read-only SQL statement on the warehouse")
+    query.add_argument("query", help="one SQL statement (the connection refuses writes)")
+    query.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        help="output format (default: table, cut to fit only when printing to a terminal)",
+    )
+    return parser
 
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "sql":
-            return _sql(args.query)
-        if args.command == "demo-api":
-            from changewatch.sources.demo.server import main as serve
 
-            serve(
-                ["--port", str(args.port), "--issues", str(args.issues), "--seed", str(args.seed)]
-            )
-            return 0
-        if args.command == "demo":
-            from changewatch.pipeline.demo import run_demo
+class _Version(argparse.Action):
+    """``--version``, looked up only when asked for."""
 
-            return run_demo(args)
-        if args.command == "info":
-            return _info(args.config)
-        config = load_config(args.config)
-        if args.command == "validate":
-            return _validate(config)
-        if args.command == "digest":
-            return _digest(config, args.name, args.day, partial=args.partial)
-        if args.command == "release":
-            return _release(config, args.source, discard=args.discard)
-        if args.command == "prune":
-            return _prune(config)
-        return _sync(config, args.sources, silent=args.silent, full=args.full)
-    except ConfigError as error:
-        print(f"changewatch: invalid config\n{error}", file=sys.stderr)
-        return 2
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any) -> None:
+        from importlib.metadata import version
+
+        print(f"changewatch {version('changewatch')}")
+        parser.exit()
+
+
+def _log_to_stderr(*, debug: bool) -> None:
+    """Errors only, unless --debug: progress (retries, waits) is in the summary and the run's
+    record; a failure says itself once, at the end."""
+    import logging
+
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.INFO if debug else logging.ERROR)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logging.getLogger().addHandler(handler)
+    if debug:
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def _report(error: Exception, *, debug: bool) -> int:
+    from changewatch.pipeline.errors import RunFailed
+
+    if isinstance(error, RunFailed):
+        for asset, meta in error.results.items():  # what did run, before the failure
+            print(summarize(asset, meta))
+    if debug:
+        import traceback
+
+        traceback.print_exception(error, file=sys.stderr)
+        if isinstance(error, RunFailed) and error.trace:
+            print(redact(error.trace), file=sys.stderr)
+    explained = explain(error)
+    hint = ""
+    if explained is None:  # a bug: still one line, the traceback on request
+        message, code = f"unexpected error: {type(error).__name__}: {error}", 1
+        hint = "" if debug else " (--debug shows the traceback)"
+    else:
+        message, code = explained
+    first, *rest = redact(message).splitlines() or [""]
+    print(f"changewatch: {first}" + ("" if rest else hint), file=sys.stderr)
+    for line in rest:  # an invalid config: one line per problem
+        print(line, file=sys.stderr)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "sql":
+        from changewatch.pipeline.query import run_query
+
+        run_query(args.query, fmt=args.format)
+        return 0
+    if args.command == "demo-api":
+        from changewatch.sources.demo.server import main as serve
+
+        return serve(
+            ["--port", str(args.port), "--issues", str(args.issues), "--seed", str(args.seed)]
+        )
+    if args.command == "demo":
+        from changewatch.pipeline.demo import run_demo
+
+        return run_demo(args)
+    if args.command == "info":
+        return _info(args.config)
+    from changewatch.pipeline.config import load_config
+
+    config = load_config(args.config)
+    if args.command == "validate":
+        return _validate(config)
+    if args.command == "digest":
+        return _digest(config, args.name, args.day, partial=args.partial)
+    if args.command == "release":
+        return _release(config, args.source, discard=args.discard)
+    if args.command == "prune":
+        return _prune(config)
+    return _sync(config, args.sources, silent=args.silent, full=args.full)
+
+
+def _known(kind: str, name: str, names: Sequence[str]) -> None:
+    """``UsageError`` naming the known ones, unless ``name`` is one of ``names``."""
+    if name not in names:
+        known = ", ".join(names) or "none configured"
+        raise UsageError(f"no {kind} {name!r} in the watches file (known: {known})")
 
 
 def _validate(config: ChangewatchConfig) -> int:
@@ -118,20 +205,12 @@ def _validate(config: ChangewatchConfig) -> int:
 
 
 def _info(path: str | None) -> int:
+    from changewatch.pipeline.config import config_path
+    from changewatch.pipeline.runner import instance, locations
+
     config = config_path(path).resolve()
     print(f"watches file: {config}" + ("" if config.is_file() else " (missing)"))
     print(locations(instance()))
-    return 0
-
-
-def _sql(query: str) -> int:
-    import polars as pl
-    from changewatch.warehouse import connect
-
-    with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
-        frame = wh.fetch_frame(query)
-    with pl.Config(tbl_rows=50, tbl_cols=20, fmt_str_lengths=40, tbl_width_chars=160):
-        print(frame)
     return 0
 
 
@@ -139,7 +218,8 @@ def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
     from changewatch.warehouse import connect
     from changewatch.warehouse.sync import release_changes
 
-    with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
+    _known("source", source, [s.name for s in config.sources])
+    with connect() as wh:
         count = release_changes(wh, config.source(source), discard=discard)
     what = "discarded (marked silent)" if discard else "released to the watches"
     print(f"{source}: {count} held change(s) {what}")
@@ -147,6 +227,9 @@ def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
 
 
 def _prune(config: ChangewatchConfig) -> int:
+    from changewatch.pipeline.maintenance import RETENTION_ASSET
+    from changewatch.pipeline.runner import instance, materialize
+
     if not config.retention.enabled:
         print("changewatch: no retention is configured (see `retention:` in the README)")
         return 2
@@ -156,6 +239,11 @@ def _prune(config: ChangewatchConfig) -> int:
 
 
 def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full: bool) -> int:
+    from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG
+    from changewatch.pipeline.runner import instance, locations, sync_source
+
+    for name in names:
+        _known("source", name, [s.name for s in config.sources])
     names = list(names) or [s.name for s in config.sources]
     tags = {}
     # The sync asset reads these run tags: a backfill or a sweep is a property of the run.
@@ -173,12 +261,13 @@ def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full
 
 
 def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: bool) -> int:
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
     from changewatch.pipeline.digests import send_day
 
-    digest = next((d for d in config.digests if d.name == name), None)
-    if digest is None:
-        print(f"changewatch: no digest {name!r}", file=sys.stderr)
-        return 2
+    _known("digest", name, [d.name for d in config.digests])
+    digest = next(d for d in config.digests if d.name == name)
     if day is None:
         day = datetime.now(ZoneInfo(digest.timezone)).date() - timedelta(days=1)
     try:
@@ -208,18 +297,21 @@ def summarize(asset: str, meta: dict) -> str:
             line += "; CHANGE STORM: its changes are held until `changewatch release`"
         return line
     if "changes_read" in meta:
-        return (
+        line = (
             f"{asset}: {meta['changes_read']} change(s) read, {meta['passed_filter']} passed "
             f"the filter, {meta['judged']} judged ({meta['judge_cache_hits']} cached), "
             f"{meta['notified']} notified, {meta['suppressed_duplicates']} duplicate(s), "
             f"{meta['held']} held"
-            + (
+        )
+        if meta.get("judge_unavailable"):
+            dropped = f", {meta['dropped']} dropped" if meta.get("dropped") else ""
+            line += f"; judge {meta['judge_unavailable']}: {meta['held']} held{dropped}"
+        if meta.get("filter_errors"):
+            line += (
                 f"; the filter FAILED on {meta['filter_errors']} change(s), held (see the run's "
                 "warnings and evaluations.filter_error)"
-                if meta.get("filter_errors")
-                else ""
             )
-        )
+        return line
     if "sent" in meta:
         return (
             f"{asset}: {meta['sent']} delivered, {meta['retrying']} to retry, "

@@ -25,6 +25,7 @@ from changewatch.evaluators.filters import (
     check_filter_runs,
     compile_filter,
 )
+from changewatch.pipeline.errors import ConfigError
 from changewatch.sources import SourceConfig
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
@@ -44,10 +45,6 @@ DEFAULT_CONFIG = "watches.yaml"
 
 # ${NAME} or ${NAME:-default}: lets non-secret settings (a base URL, a port) vary per machine.
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-class ConfigError(Exception):
-    """The watches file is invalid; the message lists every problem as ``file:line: key: why``."""
 
 
 class ChangewatchConfig(BaseModel):

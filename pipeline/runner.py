@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,14 @@ from typing import Any
 import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.errors import RunFailed
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.sensors import sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.warehouse import DEFAULT_URL, describe_url
 from changewatch.warehouse.backends import duckdb_path
+from dagster._utils.error import SerializableErrorInfo
 
 __all__ = [
     "instance",
@@ -26,9 +29,9 @@ __all__ = [
     "warehouse_location",
 ]
 
-# The CLI prints its own summary (warnings included); Dagster's step-by-step log stays in the
-# run's record, where the UI shows it.
-_QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+# The CLI prints its own summary, warnings and errors included; Dagster's step-by-step log (a
+# failed step's traceback too) stays in the run's record, where the UI shows it.
+_QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 
 
 def instance() -> dg.DagsterInstance:
@@ -84,7 +87,7 @@ def materialize(
         partition_key=partition_key,
         tags=tags or {},
         run_config=_QUIET,
-        raise_on_error=True,
+        raise_on_error=False,  # _metadata raises RunFailed, after collecting what did run
     )
     return _metadata(result)
 
@@ -103,19 +106,47 @@ def sync_source(
         instance=dagster_instance,
         tags={**sync_tags([source]), **(tags or {})},
         run_config=_QUIET,
-        raise_on_error=True,
+        raise_on_error=False,  # _metadata raises RunFailed, after collecting what did run
     )
     return _metadata(result)
 
 
 def _metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
+    """Each materialized asset's metadata values.
+
+    A failed step raises ``RunFailed`` with its error and the metadata of the steps that
+    succeeded (the run goes on with every step that does not depend on the failed one).
+    """
     found = {}
     for event in result.get_asset_materialization_events():
         materialization = event.step_materialization_data.materialization
         found[materialization.asset_key.to_user_string()] = {
             k: v.value for k, v in materialization.metadata.items()
         }
+    failures = result.get_step_failure_events()
+    if failures:
+        failure = failures[0]
+        error = failure.step_failure_data.error
+        raise RunFailed(
+            failure.step_key or "run",
+            _user_message(error) if error else "unknown error",
+            results=found,
+            trace=error.to_string() if error else "",
+        )
+    if not result.success:
+        raise RunFailed(
+            "run", "Dagster reports a failure (see the run in the UI)", results=found, trace=""
+        )
     return found
+
+
+def _user_message(error: SerializableErrorInfo) -> str:
+    """The first line of the error raised in our code, beneath Dagster's wrappers."""
+    while error.cls_name.startswith("Dagster") and error.cause is not None:
+        error = error.cause
+    # "module.Class: message" (the module is there for classes outside builtins).
+    text = re.sub(rf"^[\w.]*\b{re.escape(error.cls_name)}: ?", "", error.message.strip())
+    return (text.splitlines() or [error.cls_name])[0].strip() or error.cls_name
 
 
 def sync_tags(sources: Sequence[str]) -> dict[str, str]:

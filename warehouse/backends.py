@@ -118,25 +118,23 @@ class DuckDBWarehouse(Warehouse):
     # of the space DuckDB's default string compression takes, and writes them faster.
     raw_storage = " USING COMPRESSION zstd"
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         import duckdb
 
         self.path = Path(path)
-        if str(self.path) != ":memory:":
+        if str(self.path) != ":memory:" and not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         # The file is attached (not opened directly) to choose its row group size: a sync's
         # bulk write then fills row groups that DuckDB compresses and writes while the
         # INSERT runs, on all cores, instead of compressing one big row group at commit.
         catalog = self.path.stem if self.path.stem not in _RESERVED_CATALOGS else "warehouse"
+        options = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
         self._con = duckdb.connect()
         try:
-            self._con.execute(
-                f"ATTACH {literal(str(self.path))} AS {quote(catalog)} "
-                f"(ROW_GROUP_SIZE {ROW_GROUP_ROWS})"
-            )
+            self._con.execute(f"ATTACH {literal(str(self.path))} AS {quote(catalog)} ({options})")
         except duckdb.IOException as error:
             self._con.close()
-            raise WarehouseError(f"cannot open DuckDB file {self.path}: {error}") from error
+            raise WarehouseError(_duckdb_open_problem(self.path, str(error))) from error
         self._con.execute(f"USE {quote(catalog)}")
         # Timestamps leave as UTC whatever the machine's zone, so both backends read the same.
         self._con.execute("SET TimeZone = 'UTC'")
@@ -180,7 +178,7 @@ class PostgresWarehouse(Warehouse):
 
     dialect = "postgres"
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, read_only: bool = False) -> None:
         import adbc_driver_postgresql.dbapi as adbc
 
         uri, schema = _split_schema(url)
@@ -188,14 +186,18 @@ class PostgresWarehouse(Warehouse):
             self._con = adbc.connect(uri)
         except Exception as error:  # the driver raises its own hierarchy; name the host only
             raise WarehouseError(
-                f"cannot connect to PostgreSQL at {describe_url(url)}: {error}"
+                f"cannot connect to PostgreSQL at {describe_url(url)}: {_libpq_reason(error)}"
             ) from error
         self._cur = self._con.cursor()
         self.schema = schema
+        if read_only:
+            # Every later transaction of this session is read-only: the server refuses writes.
+            self._cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
         if schema:
-            self._cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            if not read_only:
+                self._cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             self._cur.execute(f'SET search_path TO "{schema}"')
-            self._con.commit()
+        self._con.commit()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self._cur.execute(sql, tuple(params) or None)
@@ -249,17 +251,51 @@ def _record_batches(frame: pl.DataFrame) -> pa.Table:
     return pa.Table.from_batches(table.to_batches(max_chunksize=ROW_GROUP_ROWS), table.schema)
 
 
-def connect(url: str | None = None) -> Warehouse:
+def connect(url: str | None = None, *, read_only: bool = False) -> Warehouse:
     """Open the warehouse at ``url`` (or ``$CHANGEWATCH_WAREHOUSE_URL``, or the DuckDB default).
 
     ``duckdb:///relative/path.duckdb``, ``duckdb:////absolute/path.duckdb`` or a bare path
     ending in ``.duckdb`` open DuckDB; ``postgresql://...`` opens PostgreSQL, where an extra
-    ``schema=name`` query parameter selects (and creates) the schema used.
+    ``schema=name`` query parameter selects (and creates) the schema used. ``read_only``:
+    the database itself refuses every write (DuckDB attaches the file read-only, PostgreSQL
+    makes the session's transactions read-only); nothing is created.
     """
     url = url or os.environ.get("CHANGEWATCH_WAREHOUSE_URL") or DEFAULT_URL
     if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
-        return PostgresWarehouse(url.replace("postgresql+psycopg2://", "postgresql://", 1))
-    return DuckDBWarehouse(duckdb_path(url))
+        return PostgresWarehouse(
+            url.replace("postgresql+psycopg2://", "postgresql://", 1), read_only=read_only
+        )
+    return DuckDBWarehouse(duckdb_path(url), read_only=read_only)
+
+
+def _duckdb_open_problem(path: Path, message: str) -> str:
+    """What went wrong opening a DuckDB file, in a user's terms.
+
+    >>> _duckdb_open_problem(Path("w.duckdb"), 'IO Error: Could not set lock on file '
+    ...     '"w.duckdb": Conflicting lock is held in /usr/bin/python3 (PID 42). See also ...')
+    'DuckDB file w.duckdb is locked: another process (PID 42) has it open; retry when it is done'
+    """
+    if "Conflicting lock" in message:
+        pid = re.search(r"\(PID (\d+)\)", message)
+        who = f"another process (PID {pid[1]})" if pid else "another process"
+        return f"DuckDB file {path} is locked: {who} has it open; retry when it is done"
+    if "database does not exist" in message:
+        return f"no DuckDB warehouse at {path} yet: `changewatch sync` creates it"
+    return f"cannot open DuckDB file {path}: {message.splitlines()[0] if message else ''}"
+
+
+def _libpq_reason(error: Exception) -> str:
+    """The server's or libpq's reason, without the driver's prefixes, on one line.
+
+    >>> _libpq_reason(Exception('IO: [libpq] Failed to connect: connection to server at '
+    ...     '"h", port 5432 failed: FATAL:  database "nope" does not exist\\n'))
+    'database "nope" does not exist'
+    """
+    text = " ".join(str(error).split())
+    for marker in ("FATAL:", "failed:", "[libpq]"):
+        if marker in text:
+            return text.rpartition(marker)[2].strip() or text
+    return text
 
 
 def duckdb_path(url: str) -> Path:

@@ -273,3 +273,77 @@ def test_prune_command_applies_the_retention(tmp_path: Path, demo_api) -> None:
     assert done.returncode == 0, done.stderr
     # 40 inserts, no watch: all but the newest go (the next sync numbers from it).
     assert "retention: 39 change(s) and 0 evaluation(s) deleted, 1 sync run" in done.stdout
+
+
+def make_table(url: str) -> None:
+    """Table ``t``: 60 rows, a 60-character text and a list per row, on either backend."""
+    from changewatch.warehouse import connect
+
+    with connect(url) as wh, wh.transaction():
+        rows = "range(60) AS r(i)" if wh.dialect == "duckdb" else "generate_series(0, 59) AS r(i)"
+        wh.execute(
+            f"CREATE TABLE t AS SELECT i AS n, repeat('z', 59) || 'END' AS s, "
+            f"ARRAY['bug', 'ui'] AS labels FROM {rows}"
+        )
+
+
+def tables(url: str) -> list[str]:
+    from changewatch.warehouse import connect
+
+    with connect(url) as wh:
+        return sorted(
+            name
+            for (name,) in wh.fetch(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema()"
+            )
+        )
+
+
+def test_sql_is_read_only_and_takes_one_statement(tmp_path: Path, warehouse_url: str) -> None:
+    make_table(warehouse_url)
+    before = tables(warehouse_url)
+    assert "t" in before
+    env = {"CHANGEWATCH_WAREHOUSE_URL": warehouse_url}
+
+    two = run_cli("sql", "SELECT 1; DROP TABLE t", cwd=tmp_path, **env)
+    assert two.returncode == 2
+    assert two.stderr == "changewatch: the query holds 2 statements; give exactly one\n"
+    # A `;` inside a string is no statement break; a trailing one is fine.
+    one = run_cli("sql", "SELECT ';' AS semi;", cwd=tmp_path, **env)
+    assert one.returncode == 0, one.stderr
+    for write in ("DROP TABLE t", "CREATE TABLE u AS SELECT 1 AS a", "DELETE FROM t"):
+        refused = run_cli("sql", write, cwd=tmp_path, **env)
+        assert refused.returncode == 1, (write, refused.stdout)
+        assert "read-only" in refused.stderr and "Traceback" not in refused.stderr, write
+        assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert tables(warehouse_url) == before
+    count = run_cli("sql", "SELECT count(*) AS rows FROM t", cwd=tmp_path, **env)
+    assert count.returncode == 0 and "60" in count.stdout, count.stderr
+
+
+def test_sql_prints_everything_as_a_table_csv_or_json(tmp_path: Path, warehouse_url: str) -> None:
+    import csv
+    import io
+
+    make_table(warehouse_url)
+    env = {"CHANGEWATCH_WAREHOUSE_URL": warehouse_url}
+    query = "SELECT n, s, labels FROM t ORDER BY n"
+
+    # Not a terminal (a pipe here): no row or character is cut.
+    table = run_cli("sql", query, cwd=tmp_path, **env)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.count("z" * 59 + "END") == 60
+    assert "…" not in table.stdout
+
+    as_csv = run_cli("sql", query, "--format", "csv", cwd=tmp_path, **env)
+    assert as_csv.returncode == 0, as_csv.stderr
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert len(rows) == 60
+    assert rows[59] == {"n": "59", "s": "z" * 59 + "END", "labels": '["bug","ui"]'}
+
+    as_json = run_cli("sql", query, "--format", "json", cwd=tmp_path, **env)
+    assert as_json.returncode == 0, as_json.stderr
+    records = json.loads(as_json.stdout)
+    assert len(records) == 60
+    assert records[0] == {"n": 0, "s": "z" * 59 + "END", "labels": ["bug", "ui"]}
