@@ -180,7 +180,13 @@ class HttpClient:
             except httpx.TransportError as exc:
                 problem = type(exc).__name__
                 if attempt > policy.max_retries:
-                    raise FetchError(f"{what} failed after {attempt} attempts: {problem}") from exc
+                    # Host and port: "which server is down" is the first question.
+                    port = target.port or (443 if target.scheme == "https" else 80)
+                    reason = f"{problem}: {exc}" if str(exc) else problem
+                    raise FetchError(
+                        f"{what} failed after {attempt} attempts: cannot reach "
+                        f"{target.host}:{port} ({reason})"
+                    ) from exc
             else:
                 status = response.status_code
                 until = self.limits.record(key, response, self._now(), policy.secondary_wait)

@@ -263,7 +263,12 @@ class DemoAPIServer:
         """Bind the socket and serve in a daemon thread."""
         if self._httpd is not None:
             raise RuntimeError("the demo API server is already running")
-        self._httpd = _HTTPServer((self.host, self.port), self)
+        try:
+            self._httpd = _HTTPServer((self.host, self.port), self)
+        except OSError as error:  # say where: "address in use" alone does not name the port
+            raise OSError(
+                error.errno, f"cannot listen on {self.host}:{self.port}: {error.strerror}"
+            ) from error
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,

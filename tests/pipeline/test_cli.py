@@ -347,3 +347,119 @@ def test_sql_prints_everything_as_a_table_csv_or_json(tmp_path: Path, warehouse_
     records = json.loads(as_json.stdout)
     assert len(records) == 60
     assert records[0] == {"n": 0, "s": "z" * 59 + "END", "labels": ["bug", "ui"]}
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The failure's single line on stderr: no traceback, a non-zero exit."""
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("changewatch: "), done.stderr
+    return lines[0]
+
+
+def write_config(tmp_path: Path, base_url: str, **extra: object) -> dict[str, str]:
+    """A watches file over the demo API's issues; the environment that selects it."""
+    import yaml
+    from cw_testing import demo_source_settings
+
+    columns = {"number": "bigint", "title": "text", "updated_at": "timestamp"}
+    config = tmp_path / "watches.yaml"
+    config.write_text(
+        yaml.safe_dump({"sources": [demo_source_settings(base_url, columns)]} | extra)
+    )
+    return {
+        "CHANGEWATCH_CONFIG": str(config),
+        "CHANGEWATCH_WAREHOUSE_URL": f"duckdb:///{tmp_path / 'w.duckdb'}",
+    }
+
+
+def test_an_unreachable_api_is_one_line_naming_host_and_port(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # bound, not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        env = write_config(tmp_path, f"http://127.0.0.1:{port}")
+        line = one_error_line(run_cli("sync", cwd=tmp_path, **env))
+    assert line.startswith("changewatch: issues failed: demo_issues: GET 127.0.0.1/repos/"), line
+    assert f"cannot reach 127.0.0.1:{port} (ConnectError" in line
+
+
+def test_unknown_names_are_refused_naming_the_known_ones(tmp_path: Path, demo_api) -> None:
+    env = write_config(tmp_path, demo_api.url)
+    for command in (["sync", "demo_issues", "nope"], ["release", "nope"], ["digest", "nope"]):
+        done = run_cli(*command, cwd=tmp_path, **env)
+        assert done.returncode == 2
+        kind = "digest" if command[0] == "digest" else "source"
+        known = "none configured" if kind == "digest" else "demo_issues"
+        assert one_error_line(done) == (
+            f"changewatch: no {kind} 'nope' in the watches file (known: {known})"
+        )
+    assert not (tmp_path / "w.duckdb").exists()  # refused before anything ran
+
+
+def test_sql_errors_are_the_databases_words(tmp_path: Path, warehouse_url: str) -> None:
+    make_table(warehouse_url)
+    env = {"CHANGEWATCH_WAREHOUSE_URL": warehouse_url}
+    line = one_error_line(run_cli("sql", "SELEC 1", cwd=tmp_path, **env))
+    assert 'syntax error at or near "SELEC"' in line, line
+    line = one_error_line(run_cli("sql", "SELECT nope FROM t", cwd=tmp_path, **env))
+    assert "nope" in line, line
+    # --debug: the same failure with its traceback.
+    debug = run_cli("--debug", "sql", "SELEC 1", cwd=tmp_path, **env)
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.rstrip().endswith('syntax error at or near "SELEC"')
+
+
+def test_a_busy_port_is_named(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        line = one_error_line(run_cli("demo-api", "--port", str(port), cwd=tmp_path))
+    assert line == (
+        f"changewatch: cannot listen on 127.0.0.1:{port}: Address already in use "
+        "(another process is listening on it)"
+    )
+
+
+def test_a_duckdb_file_held_by_another_process_is_named(tmp_path: Path, demo_api) -> None:
+    env = write_config(tmp_path, demo_api.url)
+    database = tmp_path / "w.duckdb"
+    with duckdb.connect(str(database)):  # this process holds the file's lock
+        for command in (["sync"], ["sql", "SELECT 1"]):
+            line = one_error_line(run_cli(*command, cwd=tmp_path, **env))
+            assert line.endswith(
+                f"DuckDB file {database} is locked: another process (PID {os.getpid()}) has it "
+                "open; retry when it is done"
+            ), line
+
+
+def test_a_wrong_postgres_database_is_named_without_the_password(tmp_path: Path, demo_api) -> None:
+    from cw_testing import PG_URL
+
+    env = write_config(tmp_path, demo_api.url)
+    host = PG_URL.split("@", 1)[1].rsplit("/", 1)[0]
+    env["CHANGEWATCH_WAREHOUSE_URL"] = f"postgresql://postgres:s3cret@{host}/no_such_db"
+    for command in (["sync"], ["sql", "SELECT 1"]):
+        done = run_cli(*command, cwd=tmp_path, **env)
+        line = one_error_line(done)
+        assert line.endswith(
+            f"cannot connect to PostgreSQL at postgresql://postgres@{host}/no_such_db: "
+            'database "no_such_db" does not exist'
+        ), line
+        assert "s3cret" not in done.stdout + done.stderr
+
+
+def test_a_filter_failing_at_run_time_is_one_line_after_the_summary(
+    tmp_path: Path, warehouse_url: str, demo_api
+) -> None:
+    watch = {"name": "numbers", "source": "demo_issues", "where": "CAST(title AS integer) > 0"}
+    env = write_config(tmp_path, demo_api.url, watches=[watch])
+    env["CHANGEWATCH_WAREHOUSE_URL"] = warehouse_url
+    done = run_cli("sync", cwd=tmp_path, **env)
+    assert "issues: fetched 40 rows in 1 page(s) -> 40 inserted" in done.stdout
+    line = one_error_line(done)
+    assert line.startswith(
+        "changewatch: eval_numbers failed: watch 'numbers': its filter fails on more than 20 "
+        "new changes of 'demo_issues' (change "
+    ), line
