@@ -59,7 +59,7 @@ class EvaluationStats:
     watch: str
     changes_read: int = 0
     passed_filter: int = 0
-    judged: int = 0
+    judged: int = 0  # calls the model answered with a verdict
     judge_cache_hits: int = 0
     notified: int = 0
     suppressed_duplicates: int = 0
@@ -71,6 +71,9 @@ class EvaluationStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_s: float = 0.0
+    # Empty, or why the judge failed this run: "unreachable at <url>" (no connection), else
+    # "unavailable at <url> (<reason>)".
+    judge_unavailable: str = ""
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -363,15 +366,20 @@ def _judge_all(
                 url=_render(watch.url, _context(watch, source, row, None)) or None,
             )
         )
-        stats.judged += 1
         stats.prompt_tokens += outcome.prompt_tokens
         stats.completion_tokens += outcome.completion_tokens
         if outcome.verdict is None:
             stats.judge_errors += 1
             failures_in_a_row += 1
             last_error = f"judge unavailable: {outcome.error}"
+            stats.judge_unavailable = (
+                f"unreachable at {judge.url}"
+                if outcome.unreachable
+                else f"unavailable at {judge.url} ({outcome.error})"
+            )
             decision = _Decision(unavailable, outcome=outcome, error=outcome.error)
         else:
+            stats.judged += 1
             failures_in_a_row = 0
             _save_verdict(wh, watch, content, outcome)
             decision = _Decision(

@@ -141,6 +141,7 @@ class JudgeOutcome:
     latency_ms: int
     attempts: int  # requests sent (validation re-asks and transient retries included)
     min_confidence: float = 0.5
+    unreachable: bool = False  # no connection to the model server at all
 
     @property
     def notify(self) -> bool:
@@ -401,6 +402,19 @@ class Judge:
     def __repr__(self) -> str:
         return f"Judge(model={self.config.model!r}, version={self.version!r})"
 
+    @property
+    def url(self) -> str:
+        """The model server's base URL, without any credentials, for messages.
+
+        >>> from changewatch.evaluators.config import JudgeConfig
+        >>> config = JudgeConfig(condition="any", model="m", base_url="http://u:pw@h:1/v1/")
+        >>> with Judge(config) as judge:
+        ...     judge.url
+        'http://h:1/v1'
+        """
+        url = self._client.base_url
+        return str(url.copy_with(username=None, password=None)).rstrip("/")
+
     def evaluate(self, change: ChangeForJudge) -> JudgeOutcome:
         """One judgement. Never raises for network, HTTP, timeout or validation failures."""
         config = self.config
@@ -431,6 +445,7 @@ class Judge:
 
         verdict: Verdict | None = None
         error: str | None = None
+        unreachable = False
         start = time.perf_counter()
         try:
             # No temperature: some models (OpenAI reasoning models) reject anything but the
@@ -452,6 +467,10 @@ class Judge:
             ):
                 raise  # a bug, not an unavailable judge
             error = _describe(cause, config, counts["attempts"])
+            # A timeout reached the server; a connection error did not.
+            unreachable = isinstance(cause, openai.APIConnectionError) and not isinstance(
+                cause, openai.APITimeoutError
+            )
         latency_ms = max(1, round((time.perf_counter() - start) * 1000))
         return JudgeOutcome(
             verdict=verdict,
@@ -463,4 +482,5 @@ class Judge:
             latency_ms=latency_ms,
             attempts=counts["attempts"],
             min_confidence=config.min_confidence,
+            unreachable=unreachable,
         )

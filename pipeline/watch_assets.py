@@ -9,13 +9,14 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 from changewatch.channels.config import DigestConfig
 from changewatch.evaluators.config import Watch
-from changewatch.evaluators.evaluate import evaluate_watch
+from changewatch.evaluators.evaluate import EvaluationStats, evaluate_watch
 from changewatch.pipeline.assets import WAREHOUSE_POOL
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.resources import JudgeResource, WarehouseResource
 from dagster import AssetExecutionContext
 
 __all__ = [
+    "JUDGE_CHECK",
     "NOTIFICATIONS_ASSET",
     "WATCH_TAG",
     "digest_asset",
@@ -27,6 +28,7 @@ __all__ = [
 
 WATCH_TAG = "changewatch/watch"
 NOTIFICATIONS_ASSET = "notifications"
+JUDGE_CHECK = "judge_available"
 
 
 def evaluation_asset_name(watch: Watch) -> str:
@@ -48,6 +50,7 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
         deps=[dg.AssetKey(source.table) for source in sources.values()],
         kinds={"sql", "python"} | ({"openai"} if watch.judge else set()),
         tags={WATCH_TAG: watch.name},
+        check_specs=_judge_check_specs(watch),
         description=(
             watch.description
             or f"Watch {watch.name}: filters the new changes of {', '.join(sources)} with "
@@ -89,10 +92,42 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
                 "prompt_tokens": stats.prompt_tokens,
                 "completion_tokens": stats.completion_tokens,
                 "duration_s": dg.MetadataValue.float(stats.duration_s),
-            }
+                "judge_unavailable": stats.judge_unavailable,
+            },
+            check_results=[_judge_check(stats)] if watch.judge else None,
         )
 
     return _evaluate
+
+
+def _judge_check_specs(watch: Watch) -> list[dg.AssetCheckSpec] | None:
+    if watch.judge is None:
+        return None
+    meanwhile = {"hold": "held", "drop": "dropped", "notify": "notified unjudged"}
+    return [
+        dg.AssetCheckSpec(
+            JUDGE_CHECK,
+            asset=evaluation_asset_name(watch),
+            description=(
+                f"Warns while the judge ({watch.judge.model}) does not answer; meanwhile changes "
+                f"are {meanwhile[watch.judge.on_unavailable]}."
+            ),
+        )
+    ]
+
+
+def _judge_check(stats: EvaluationStats) -> dg.AssetCheckResult:
+    # WARN, not ERROR: the watch did its job (held what it could not judge); the model is down.
+    down = bool(stats.judge_unavailable)
+    return dg.AssetCheckResult(
+        check_name=JUDGE_CHECK,
+        passed=not down,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"held": stats.held, "dropped": stats.dropped, "judge_errors": stats.judge_errors},
+        description=(
+            f"judge {stats.judge_unavailable}: {stats.held} held" if down else "the judge answered"
+        ),
+    )
 
 
 def notifications_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:

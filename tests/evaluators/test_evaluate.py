@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import changewatch.evaluators.evaluate as evaluate_module
@@ -223,8 +225,13 @@ def test_unavailable_judge_follows_the_policy(
     with Judge(watch.judge) as judge:  # type: ignore[arg-type]
         stats = evaluate(warehouse_url, watch, source, judge)
     assert stats.notified == notified
-    # Three failures in a row and the judge counts as down: no more calls this run.
-    assert stats.judge_errors == stats.judged == len(llm.requests) == 3
+    # Three failures in a row and the judge counts as down: no more calls this run. None of
+    # them is a judgement.
+    assert stats.judge_errors == len(llm.requests) == 3
+    assert stats.judged == 0
+    assert stats.judge_unavailable.startswith(
+        f"unavailable at {llm.base_url} (model server error (HTTP 500)"
+    )
     with connect(warehouse_url) as wh:
         decisions = wh.fetch("SELECT decision, count(*) FROM evaluations GROUP BY decision")
     assert decisions == [(decision, 40)]
@@ -239,6 +246,34 @@ def test_unavailable_judge_follows_the_policy(
     else:
         assert (later.changes_read, later.judged, later.notified) == (0, 0, 0)
     assert outbox(warehouse_url)["notification_id"].n_unique() == outbox(warehouse_url).height
+
+
+def test_judged_counts_answered_calls_only(
+    warehouse_url: str, demo_api: DemoAPIServer, llm: FakeOpenAIServer
+) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    calls = iter(range(1000))
+    # The first two calls fail; the model answers the rest.
+    llm.respond = lambda request: Reply.fail(500) if next(calls) < 2 else security_model(request)
+    watch = judged_watch(llm)
+    with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+        stats = evaluate(warehouse_url, watch, source, judge)
+    assert len(llm.requests) == 40
+    assert (stats.judged, stats.judge_errors, stats.held) == (38, 2, 2)
+
+
+def test_an_unreachable_judge_says_so(warehouse_url: str, demo_api: DemoAPIServer) -> None:
+    source = demo_config(demo_api)
+    sync(warehouse_url, source)
+    with socket.socket() as sock:  # bound, not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        watch = judged_watch(SimpleNamespace(base_url=url))  # type: ignore[arg-type]
+        with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+            stats = evaluate(warehouse_url, watch, source, judge)
+    assert (stats.judged, stats.judge_errors, stats.held) == (0, 3, 40)
+    assert stats.judge_unavailable == f"unreachable at {url}"
 
 
 def test_call_cap_holds_the_rest(
