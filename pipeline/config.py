@@ -25,11 +25,19 @@ from changewatch.evaluators.filters import (
     check_filter_runs,
     compile_filter,
 )
+from changewatch.evaluators.templates import template_problems
 from changewatch.pipeline.errors import ConfigError
 from changewatch.sources import SourceConfig
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 __all__ = [
     "CONFIG_ENV",
@@ -42,6 +50,8 @@ __all__ = [
 
 CONFIG_ENV = "CHANGEWATCH_CONFIG"
 DEFAULT_CONFIG = "watches.yaml"
+# Versions of the watches file format this code reads.
+VERSIONS = (1,)
 
 # ${NAME} or ${NAME:-default}: lets non-secret settings (a base URL, a port) vary per machine.
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -52,12 +62,23 @@ class ChangewatchConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    # The file format's version: a file written for another format is refused, not guessed at.
     version: int = 1
     sources: list[Annotated[SourceConfig, Field()]] = Field(default_factory=list)
     channels: list[ChannelConfig] = Field(default_factory=list)
     watches: list[Watch] = Field(default_factory=list)
     digests: list[DigestConfig] = Field(default_factory=list)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value not in VERSIONS:
+            raise ValueError(
+                f"unsupported version {value}: this changewatch reads version "
+                + ", ".join(map(str, VERSIONS))
+            )
+        return value
 
     @model_validator(mode="after")
     def _unique_names(self) -> ChangewatchConfig:
@@ -134,7 +155,10 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
     if root is None:
         raise ConfigError(f"{file}: the config file is empty")
 
-    problems: list[str] = []
+    problems: list[str] = [f"{file}:{line}" for line in _duplicate_keys(root)]
+    if problems:
+        # YAML would silently keep the last of two equal keys: half of what was meant.
+        raise ConfigError("\n".join(problems))
     data = _expand(_to_python(root), root, file, problems)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -211,6 +235,7 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             if name not in channels:
                 problems.append((("watches", i, "channels", j), f"unknown channel {name!r}"))
         if all(name in sources for name in watch.sources):
+            problems += _template_problems(config, i, watch)
             try:
                 for name, compiled in config.filters(watch).items():
                     columns = {c: spec.type for c, spec in config.source(name).columns.items()}
@@ -232,6 +257,41 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
                         f"channel {digest.channel!r} is not an email channel",
                     )
                 )
+    return problems
+
+
+def _template_problems(
+    config: ChangewatchConfig, index: int, watch: Watch
+) -> list[tuple[tuple, str]]:
+    """Names in the watch's templates that no notification of its sources has."""
+    problems: list[tuple[tuple, str]] = []
+    # Only templates the file sets: the default url tries columns a source may lack.
+    for field in sorted({"title", "body", "url"} & watch.model_fields_set):
+        for name in watch.sources:
+            columns = list(config.source(name).columns)
+            for message in template_problems(getattr(watch, field), name, columns):
+                if (loc := ("watches", index, field), message) not in problems:
+                    problems.append((loc, message))
+    return problems
+
+
+def _duplicate_keys(node: yaml.Node, loc: tuple = ()) -> list[str]:
+    """``line: key: duplicate key 'x' (first at line n)`` for each key repeated in a mapping."""
+    problems = []
+    if isinstance(node, yaml.MappingNode):
+        first: dict[str, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            if key.value in first:
+                problems.append(
+                    f"{line}: {_dotted((*loc, key.value))}: duplicate key {key.value!r} "
+                    f"(first at line {first[key.value]})"
+                )
+            first.setdefault(key.value, line)
+            problems += _duplicate_keys(value, (*loc, key.value))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            problems += _duplicate_keys(item, (*loc, index))
     return problems
 
 

@@ -205,3 +205,74 @@ def test_retention_gets_an_asset_and_a_schedule_and_bad_settings_are_named(
     assert problem(write(tmp_path, "retention:\n  changes: 9d\n  cron: nightly\n")) == (
         f"{path}:20: retention.cron: 'nightly' is not a valid cron schedule"
     )
+
+
+def test_unknown_template_names_are_refused_with_file_and_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: w
+    source: demo_issues
+    title: "#{{ key }}: {{ new.titel }} ({{ old['state'] }})"
+    body: |
+      {% for column in changed %}{{ column }} {% endfor %}
+      {{ summry }}
+""",
+    )
+    assert problem(path).splitlines() == [
+        f"{path}:22: watches[0].body: 'summry' (template line 2): unknown name; known: "
+        "change_id, changed, current, key, kind, new, old, reasoning, source, summary, "
+        "urgency, watch",
+        f"{path}:21: watches[0].title: 'new.titel' (template line 1): source 'demo_issues' "
+        "has no column 'titel'",
+    ]
+    # The same names spelt right load.
+    path.write_text(path.read_text().replace("new.titel", "new.state").replace("summry", "summary"))
+    assert load_config(path).watches[0].title.startswith("#{{ key }}")
+
+
+def test_validate_refuses_an_unknown_template_name(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = write(
+        tmp_path, 'watches:\n  - name: w\n    source: demo_issues\n    title: "{{ new.titel }}"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "changewatch.pipeline.cli", "--config", str(path), "validate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == (
+        f"changewatch: {path}:21: watches[0].title: 'new.titel' (template line 1): source "
+        "'demo_issues' has no column 'titel'\n"
+    )
+
+
+def test_an_unknown_version_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "")
+    path.write_text(path.read_text().replace("version: 1", "version: 2"))
+    assert problem(path) == (
+        f"{path}:1: version: unsupported version 2: this changewatch reads version 1"
+    )
+
+
+def test_duplicated_keys_are_refused_with_both_lines(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: w
+    source: demo_issues
+    where: "state = 'open'"
+    where: "state = 'closed'"
+channels: []
+""",
+    )
+    assert problem(path).splitlines() == [
+        f"{path}:22: watches[0].where: duplicate key 'where' (first at line 21)",
+        f"{path}:23: channels: duplicate key 'channels' (first at line 12)",
+    ]
