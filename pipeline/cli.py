@@ -131,19 +131,6 @@ def _log_to_stderr(*, debug: bool) -> None:
         logging.getLogger().setLevel(logging.INFO)
 
 
-def _log_to_stderr(*, debug: bool) -> None:
-    """Errors only, unless --debug: progress (retries, waits) is in the summary and the run's
-    record; a failure says itself once, at the end."""
-    import logging
-
-    handler = logging.StreamHandler()
-    handler.setLevel(logging.INFO if debug else logging.ERROR)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    logging.getLogger().addHandler(handler)
-    if debug:
-        logging.getLogger().setLevel(logging.INFO)
-
-
 def _report(error: Exception, *, debug: bool) -> int:
     from changewatch.pipeline.errors import RunFailed
 

@@ -464,3 +464,44 @@ def test_a_filter_failing_at_run_time_is_one_line_after_the_summary(
         "changewatch: eval_numbers failed: watch 'numbers': its filter fails on more than 20 "
         "new changes of 'demo_issues' (change "
     ), line
+
+
+def test_version_and_help_need_no_heavy_imports(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    done = run_cli("--version", cwd=tmp_path)
+    assert done.returncode == 0 and done.stdout == f"changewatch {version('changewatch')}\n"
+    probe = (
+        "import sys\n"
+        "from changewatch.pipeline.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = {'dagster', 'polars', 'duckdb', 'pyarrow', 'openai', 'sqlglot', 'pydantic'}\n"
+        "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}), file=sys.stderr)\n"
+    )
+    for args in (["--help"], ["sql", "--help"], ["--version"]):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.stderr.strip().splitlines()[-1] == "[]", (args, done.stderr)
+
+
+def test_every_argument_of_every_command_has_help() -> None:
+    import argparse
+
+    from changewatch.pipeline.cli import _parser
+
+    parser = _parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    missing = [
+        f"{name} {action.dest}"
+        for name, sub in [("changewatch", parser), *commands.choices.items()]
+        for action in sub._actions
+        if not isinstance(action, argparse._SubParsersAction) and not action.help
+    ]
+    assert missing == []
+    for name in commands.choices:  # each subcommand's help runs
+        done = run_cli(name, "--help", cwd=REPO)
+        assert done.returncode == 0 and done.stdout.startswith("usage: changewatch"), name
