@@ -95,6 +95,42 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("prune", help="apply the retention settings now")
 
+    explain = commands.add_parser(
+        "explain", help="say what a watch decided about each change of one object, and why"
+    )
+    explain.add_argument("watch", help="the watch's name in the watches file")
+    explain.add_argument("key", help="the object's key (its primary key, as in object_key)")
+
+    evals = commands.add_parser(
+        "eval", help="score a watch's judge against labelled examples, model by model"
+    )
+    evals.add_argument("watch", help="the watch's name in the watches file")
+    evals.add_argument(
+        "--model",
+        action="append",
+        help="a model to score (repeat for several; default: the watch's own)",
+    )
+    evals.add_argument(
+        "--examples", help="the examples file (default: evals/<watch>.yaml beside the config)"
+    )
+    evals.add_argument(
+        "--min-agreement",
+        type=float,
+        help="exit 1 when any model agrees with fewer than this share of the examples",
+    )
+    evals.add_argument(
+        "--export-feedback",
+        action="store_true",
+        help="print the watch's rated notifications as an examples file instead",
+    )
+
+    feedback = commands.add_parser(
+        "feedback", help="rate a notification useful or noise (exported as eval examples)"
+    )
+    feedback.add_argument("notification_id", help="the notification's id (outbox)")
+    feedback.add_argument("rating", choices=("useful", "noise"), help="what it was to you")
+    feedback.add_argument("--note", help="why, in a few words")
+
     query = commands.add_parser("sql", help="run one read-only SQL statement on the warehouse")
     query.add_argument("query", help="one SQL statement (the connection refuses writes)")
     query.add_argument(
@@ -186,6 +222,12 @@ def _run(args: argparse.Namespace) -> int:
         return _release(config, args.source, discard=args.discard)
     if args.command == "prune":
         return _prune(config)
+    if args.command == "explain":
+        return _explain(config, args.watch, args.key)
+    if args.command == "eval":
+        return _eval(config, args)
+    if args.command == "feedback":
+        return _feedback(args.notification_id, args.rating, args.note)
     return _sync(config, args.sources, silent=args.silent, full=args.full)
 
 
@@ -223,6 +265,65 @@ def _release(config: ChangewatchConfig, source: str, *, discard: bool) -> int:
         count = release_changes(wh, config.source(source), discard=discard)
     what = "discarded (marked silent)" if discard else "released to the watches"
     print(f"{source}: {count} held change(s) {what}")
+    return 0
+
+
+def _explain(config: ChangewatchConfig, watch_name: str, key: str) -> int:
+    from changewatch.evaluators.explain import explain_object, format_explanation
+    from changewatch.warehouse import connect
+
+    _known("watch", watch_name, [w.name for w in config.watches])
+    watch = config.watch(watch_name)
+    sources = {name: config.source(name) for name in watch.sources}
+    with connect() as wh:
+        print(format_explanation(watch, key, explain_object(wh, watch, sources, key)))
+    return 0
+
+
+def _eval(config: ChangewatchConfig, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from changewatch.evaluators.evals import (
+        examples_path,
+        format_scores,
+        load_examples,
+        score_model,
+    )
+    from changewatch.pipeline.config import config_path
+
+    _known("watch", args.watch, [w.name for w in config.watches])
+    watch = config.watch(args.watch)
+    if args.export_feedback:
+        from changewatch.evaluators.feedback import examples_yaml, export_examples
+        from changewatch.warehouse import connect
+
+        with connect() as wh:
+            print(examples_yaml(watch.name, export_examples(wh, watch.name)), end="")
+        return 0
+    if watch.judge is None:
+        raise UsageError(f"watch {watch.name!r} has no judge: there is nothing to evaluate")
+    path = (
+        Path(args.examples)
+        if args.examples
+        else examples_path(config_path(args.config), watch.name)
+    )
+    examples = load_examples(path)
+    scores = [score_model(watch, examples, model) for model in (args.model or [None])]
+    print(f"{watch.name}: {len(examples)} example(s) from {path}")
+    print(format_scores(scores))
+    if args.min_agreement is not None and any(s.agreement < args.min_agreement for s in scores):
+        print(f"changewatch: agreement below {args.min_agreement:.2f}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _feedback(notification_id: str, rating: str, note: str | None) -> int:
+    from changewatch.evaluators.feedback import record_feedback
+    from changewatch.warehouse import connect
+
+    with connect() as wh:
+        watch = record_feedback(wh, notification_id, rating, note)
+    print(f"{notification_id} ({watch}): recorded as {rating}")
     return 0
 
 

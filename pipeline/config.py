@@ -126,6 +126,13 @@ class ChangewatchConfig(BaseModel):
                 return channel
         raise KeyError(f"no channel {name!r}; known: {[c.name for c in self.channels]}")
 
+    def watch(self, name: str) -> Watch:
+        """The watch called ``name``; KeyError names the known ones."""
+        for watch in self.watches:
+            if watch.name == name:
+                return watch
+        raise KeyError(f"no watch {name!r}; known: {[w.name for w in self.watches]}")
+
     def source(self, name: str) -> SourceConfig:
         """The source called ``name``; KeyError names the known ones."""
         for source in self.sources:

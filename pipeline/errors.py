@@ -61,6 +61,8 @@ _OWN = (
     "changewatch.evaluators.evaluate.FilterRuntimeError",
     "changewatch.evaluators.filters.FilterError",
     "changewatch.evaluators.judge.JudgeConfigError",
+    "changewatch.evaluators.evals.EvalError",
+    "changewatch.evaluators.feedback.FeedbackError",
 )
 # user:password@ in any URL.
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@", re.I)

@@ -1,0 +1,127 @@
+"""`changewatch explain`, `feedback` and `eval`, run as a user would, after a real sync.
+
+The demo API serves the issues, a loopback OpenAI-compatible server is the model (it notifies
+about issues labelled security), and the CLI runs in its own process each time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from changewatch.sources.demo import DemoAPIServer
+from changewatch.warehouse import connect
+from openai_server import FakeOpenAIServer, Reply, Request, label_judge
+from test_cli import REPO, run_cli
+
+security = label_judge("security")
+
+
+def two_models(request: Request) -> Reply:
+    """The watch's own model notices security issues; `eager` flags everything."""
+    if request.body.get("model") == "eager":
+        return Reply.verdict(
+            {
+                "reasoning": "Everything matters.",
+                "should_notify": True,
+                "urgency": "high",
+                "summary": "Something changed.",
+                "confidence": 0.9,
+            }
+        )
+    return security(request)
+
+
+@pytest.fixture
+def world(tmp_path: Path, demo_api: DemoAPIServer, warehouse_url: str):
+    with FakeOpenAIServer(respond=two_models) as llm:
+        (tmp_path / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
+        env = {
+            "CHANGEWATCH_DEMO_URL": demo_api.url,
+            "CHANGEWATCH_LLM_BASE_URL": llm.base_url,
+            "CHANGEWATCH_LLM_MODEL": "watch-model",
+            "CHANGEWATCH_WAREHOUSE_URL": warehouse_url,
+            "DAGSTER_HOME": str(tmp_path),
+        }
+        (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        done = run_cli("sync", cwd=tmp_path, **env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        yield tmp_path, env, warehouse_url
+
+
+def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
+    cwd, env, url = world
+    with connect(url) as wh:
+        notified = wh.fetch(
+            "SELECT notification_id, object_key FROM outbox WHERE watch = 'security_review'"
+            " ORDER BY change_id"
+        )
+        (quiet,) = wh.fetch(
+            "SELECT object_key FROM evaluations WHERE watch = 'security_review'"
+            " AND decision = 'skip' LIMIT 1"
+        )[0]
+    assert len(notified) >= 2
+    (first_id, first_key), (second_id, _) = notified[:2]
+
+    done = run_cli("explain", "security_review", first_key, cwd=cwd, **env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"security_review: object {first_key}\n")
+    assert "judge (watch-model, fresh call): notify, confidence 0.90" in done.stdout
+    assert f"notified: {first_id}" in done.stdout
+    assert "delivery to console: sent after 1 attempt(s)" in done.stdout
+    done = run_cli("explain", "security_review", quiet, cwd=cwd, **env)
+    assert "judge (watch-model, fresh call): no" in done.stdout
+
+    assert run_cli("feedback", first_id, "useful", cwd=cwd, **env).stdout == (
+        f"{first_id} (security_review): recorded as useful\n"
+    )
+    assert (
+        run_cli("feedback", second_id, "noise", "--note", "old news", cwd=cwd, **env).returncode
+        == 0
+    )
+    done = run_cli("feedback", "n-unknown", "useful", cwd=cwd, **env)
+    assert (done.returncode, done.stderr.strip()) == (
+        1,
+        "changewatch: no notification 'n-unknown' in the outbox",
+    )
+
+    exported = run_cli("eval", "security_review", "--export-feedback", cwd=cwd, **env)
+    assert exported.returncode == 0, exported.stderr
+    examples = yaml.safe_load(exported.stdout)["examples"]
+    assert [e["expect"] for e in examples] == ["notify", "skip"]
+    # Plus one written by hand: a change nobody should hear about.
+    examples.append({"kind": "insert", "new": {"title": "Dark mode"}, "expect": "skip"})
+    (cwd / "evals").mkdir()
+    (cwd / "evals" / "security_review.yaml").write_text(yaml.safe_dump({"examples": examples}))
+
+    done = run_cli("eval", "security_review", "--model", "watch-model", "--model", "eager",
+                   cwd=cwd, **env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("security_review: 3 example(s) from ")
+    # The watch's model notified about the one rated noise; eager also about the dark mode.
+    assert lines[2].split()[:6] == ["watch-model", "3", "0.50", "1.00", "0.67", "3"]
+    assert lines[3].split()[:6] == ["eager", "3", "0.33", "1.00", "0.33", "3"]
+    assert any(line.startswith("eager: ") and "old news" in line for line in lines)
+
+    done = run_cli("eval", "security_review", "--model", "eager", "--min-agreement", "0.9",
+                   cwd=cwd, **env)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.strip() == "changewatch: agreement below 0.90"
+
+
+def test_unknown_watch_or_a_watch_without_a_judge_is_one_line(tmp_path: Path) -> None:
+    cwd, env = tmp_path, {"DAGSTER_HOME": str(tmp_path)}
+    (cwd / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
+    done = run_cli("explain", "nope", "1", cwd=cwd, **env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("changewatch: no watch 'nope' in the watches file (known: ")
+    done = run_cli("eval", "new_bugs", cwd=cwd, **env)
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        "changewatch: watch 'new_bugs' has no judge: there is nothing to evaluate",
+    )
+    done = run_cli("eval", "security_review", cwd=cwd, **env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "evals/security_review.yaml: cannot read the examples file" in done.stderr
