@@ -5,7 +5,7 @@
 
 import dagster as dg
 from changewatch.pipeline.freshness import source_freshness
-from changewatch.pipeline.resources import WarehouseResource
+from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
 from changewatch.warehouse.sync import SyncStats, held_changes, run_sync
@@ -13,9 +13,6 @@ from dagster import AssetExecutionContext
 
 __all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
 
-# Every asset that writes the warehouse takes a slot in this pool (limit 1): a DuckDB file
-# admits one writing process, and Dagster runs each run in its own process.
-WAREHOUSE_POOL = "warehouse"
 SOURCE_TAG = "changewatch/source"
 STORM_CHECK = "no_change_storm"
 # Run tags a sync asset obeys: record changes silently (a backfill), or walk everything
@@ -24,13 +21,16 @@ SILENT_TAG = "changewatch/silent"
 FULL_TAG = "changewatch/full"
 
 
-def sync_asset(source: SourceConfig) -> dg.AssetsDefinition:
+def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefinition:
     """The asset that syncs ``source`` into its table and appends to its change log."""
 
     @dg.asset(
         name=source.table,
         group_name="sync",
-        pool=WAREHOUSE_POOL,
+        # On PostgreSQL a pool per source: syncs of different sources write different tables
+        # and `sync_state` rows, and the commit takes `changewatch:sync:<source>` (so two
+        # syncs of one source never interleave even outside Dagster).
+        pool=warehouse_pool(warehouse_url, "source", source.name),
         kinds={"python", "sql"},
         tags={SOURCE_TAG: source.name},
         freshness_policy=source_freshness(source),

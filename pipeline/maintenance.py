@@ -4,9 +4,8 @@
 # at definition time to recognise the context and resource parameters.
 
 import dagster as dg
-from changewatch.pipeline.assets import WAREHOUSE_POOL
 from changewatch.pipeline.config import ChangewatchConfig
-from changewatch.pipeline.resources import WarehouseResource
+from changewatch.pipeline.resources import WarehouseResource, warehouse_pool
 from changewatch.warehouse.retention import prune
 from dagster import AssetExecutionContext
 
@@ -15,7 +14,7 @@ __all__ = ["RETENTION_ASSET", "retention_asset", "retention_schedule"]
 RETENTION_ASSET = "retention"
 
 
-def retention_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
+def retention_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.AssetsDefinition:
     """Prunes the change log, evaluations, run records and notification content by age."""
     retention = config.retention
     ages = ", ".join(
@@ -32,7 +31,9 @@ def retention_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
     @dg.asset(
         name=RETENTION_ASSET,
         group_name="maintenance",
-        pool=WAREHOUSE_POOL,
+        # On PostgreSQL its own pool: it prunes in one transaction and keeps every log's newest
+        # entry and whatever a watch has not read, so syncs and evaluations may run meanwhile.
+        pool=warehouse_pool(warehouse_url, "retention"),
         kinds={"sql"},
         description=(
             f"Retention: forgets {ages}, keeping whatever a watch still needs, everything held, "

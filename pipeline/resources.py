@@ -10,9 +10,20 @@ from changewatch.evaluators.config import Watch
 from changewatch.evaluators.judge import Judge, build_client
 from changewatch.warehouse import DEFAULT_URL, Warehouse, connect, describe_url
 
-__all__ = ["WAREHOUSE_URL_ENV", "JudgeResource", "WarehouseResource", "warehouse_resource"]
+__all__ = [
+    "WAREHOUSE_POOL",
+    "WAREHOUSE_URL_ENV",
+    "JudgeResource",
+    "WarehouseResource",
+    "warehouse_pool",
+    "warehouse_resource",
+    "warehouse_url",
+]
 
 WAREHOUSE_URL_ENV = "CHANGEWATCH_WAREHOUSE_URL"
+# The pool of every warehouse-writing asset on DuckDB, and the prefix of the pools on PostgreSQL.
+WAREHOUSE_POOL = "warehouse"
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg2://")
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -28,6 +39,31 @@ class WarehouseResource(dg.ConfigurableResource):
     def describe(self) -> str:
         """The URL without any password, for metadata."""
         return describe_url(self.url)
+
+
+def warehouse_url(environ: dict[str, str]) -> str:
+    """The warehouse URL the code location uses (the variable, else the DuckDB default)."""
+    return environ.get(WAREHOUSE_URL_ENV) or DEFAULT_URL
+
+
+def warehouse_pool(url: str, *scope: str) -> str:
+    """The Dagster pool of an asset that writes the warehouse at ``url``.
+
+    A DuckDB file admits one writing process, so every writer shares the one ``warehouse``
+    pool (one slot). PostgreSQL admits many: each asset gets a pool of its own, named by
+    ``scope``, so different sources sync at once while two runs of one asset still wait for
+    each other (``default_limit: 1``). The database keeps them correct either way (the sync,
+    evaluation and DDL locks, UNIQUE dedupe keys, claimed deliveries); the pools only
+    spare them from waiting on a lock or being dropped as a conflict.
+
+    >>> warehouse_pool("duckdb:///w.duckdb", "source", "demo_issues")
+    'warehouse'
+    >>> warehouse_pool("postgresql://cw@db/cw", "source", "demo_issues")
+    'warehouse/source/demo_issues'
+    """
+    if url.startswith(_POSTGRES_SCHEMES):
+        return "/".join((WAREHOUSE_POOL, *scope))
+    return WAREHOUSE_POOL
 
 
 def warehouse_resource(environ: dict[str, str]) -> WarehouseResource:

@@ -10,9 +10,8 @@ import dagster as dg
 from changewatch.channels.config import DigestConfig
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, evaluate_watch
-from changewatch.pipeline.assets import WAREHOUSE_POOL
 from changewatch.pipeline.config import ChangewatchConfig
-from changewatch.pipeline.resources import JudgeResource, WarehouseResource
+from changewatch.pipeline.resources import JudgeResource, WarehouseResource, warehouse_pool
 from dagster import AssetExecutionContext
 
 __all__ = [
@@ -35,7 +34,9 @@ def evaluation_asset_name(watch: Watch) -> str:
     return f"eval_{watch.name}"
 
 
-def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefinition:
+def evaluation_asset(
+    watch: Watch, config: ChangewatchConfig, *, warehouse_url: str
+) -> dg.AssetsDefinition:
     """The asset that evaluates ``watch``'s new changes into evaluations and notifications."""
     sources = {name: config.source(name) for name in watch.sources}
     filters = config.filters(watch)
@@ -46,7 +47,10 @@ def evaluation_asset(watch: Watch, config: ChangewatchConfig) -> dg.AssetsDefini
     @dg.asset(
         name=evaluation_asset_name(watch),
         group_name="evaluation",
-        pool=WAREHOUSE_POOL,
+        # On PostgreSQL a pool per watch: an evaluation holds `changewatch:evaluate:<watch>`
+        # while it reads and advances the watch's watermark, and the outbox's UNIQUE
+        # dedupe_key admits each notification once, so different watches run at once.
+        pool=warehouse_pool(warehouse_url, "watch", watch.name),
         deps=[dg.AssetKey(source.table) for source in sources.values()],
         kinds={"sql", "python"} | ({"openai"} if watch.judge else set()),
         tags={WATCH_TAG: watch.name},
@@ -130,14 +134,16 @@ def _judge_check(stats: EvaluationStats) -> dg.AssetCheckResult:
     )
 
 
-def notifications_asset(config: ChangewatchConfig) -> dg.AssetsDefinition:
+def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.AssetsDefinition:
     """The asset that delivers due notifications to their channels, with retries."""
     from changewatch.channels.outbox import deliver_due
 
     @dg.asset(
         name=NOTIFICATIONS_ASSET,
         group_name="delivery",
-        pool=WAREHOUSE_POOL,
+        # On PostgreSQL its own pool: each delivery is claimed by a conditional UPDATE before
+        # it is sent, so deliverers never send one twice; one slot just saves the wasted claims.
+        pool=warehouse_pool(warehouse_url, "notifications"),
         deps=[dg.AssetKey(evaluation_asset_name(w)) for w in config.watches],
         kinds={"email", "python"},
         description=(
@@ -168,7 +174,9 @@ def digest_partitions(digest: DigestConfig) -> dg.DailyPartitionsDefinition:
     )
 
 
-def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDefinition:
+def digest_asset(
+    digest: DigestConfig, config: ChangewatchConfig, *, warehouse_url: str
+) -> dg.AssetsDefinition:
     """A daily-partitioned digest email of the notifications of some watches."""
     from changewatch.channels.outbox import send_digest_window
 
@@ -178,7 +186,9 @@ def digest_asset(digest: DigestConfig, config: ChangewatchConfig) -> dg.AssetsDe
     @dg.asset(
         name=f"digest_{digest.name}",
         group_name="digest",
-        pool=WAREHOUSE_POOL,
+        # On PostgreSQL a pool per digest: a day is claimed in `digests` (its primary key)
+        # before it is sent, so it goes out once; other digests and syncs may run meanwhile.
+        pool=warehouse_pool(warehouse_url, "digest", digest.name),
         partitions_def=digest_partitions(digest),
         deps=[dg.AssetKey(NOTIFICATIONS_ASSET)],
         kinds={"email"},

@@ -9,7 +9,7 @@ import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG, sync_asset
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
-from changewatch.pipeline.resources import JudgeResource, warehouse_resource
+from changewatch.pipeline.resources import JudgeResource, warehouse_resource, warehouse_url
 from changewatch.pipeline.sensors import (
     cron_schedule,
     demo_sensor,
@@ -38,11 +38,15 @@ def build_definitions(
     which feed the ``notifications`` (delivery) asset, which feeds each digest.
     """
     environ = dict(os.environ) if environ is None else environ
-    assets = [sync_asset(source) for source in config.sources]
-    assets += [evaluation_asset(watch, config) for watch in config.watches]
+    # The backend decides the pools: one for everything on DuckDB, one per asset on PostgreSQL.
+    url = warehouse_url(environ)
+    assets = [sync_asset(source, warehouse_url=url) for source in config.sources]
+    assets += [evaluation_asset(watch, config, warehouse_url=url) for watch in config.watches]
     if config.watches:
-        assets.append(notifications_asset(config))
-    digests = {digest.name: digest_asset(digest, config) for digest in config.digests}
+        assets.append(notifications_asset(config, warehouse_url=url))
+    digests = {
+        digest.name: digest_asset(digest, config, warehouse_url=url) for digest in config.digests
+    }
     assets += list(digests.values())
 
     jobs = {}
@@ -84,7 +88,7 @@ def build_definitions(
     ]
     maintenance_jobs = []
     if config.retention.enabled:
-        assets.append(retention_asset(config))
+        assets.append(retention_asset(config, warehouse_url=url))
         retention_job, schedule = retention_schedule(config)
         maintenance_jobs.append(retention_job)
         schedules.append(schedule)

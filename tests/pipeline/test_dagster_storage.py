@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import shutil
 import socket
-import uuid
 from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
 
 import dagster as dg
@@ -28,7 +26,6 @@ from changewatch.pipeline.runner import source_job_assets
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.warehouse import connect
-from cw_testing import PG_URL  # the warehouse tests' server: if it is down, these fail too
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,23 +42,6 @@ def documented_postgres_storage() -> dict:
             break
         block.append(line)
     return yaml.safe_load("\n".join(line[2:] for line in block))
-
-
-@pytest.fixture
-def dagster_db() -> Iterator[str]:
-    """A fresh PostgreSQL database for Dagster's storage; the psycopg2 URL to it."""
-    name = f"changewatch_dagster_test_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(PG_URL)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
-        parts = urlsplit(PG_URL)
-        yield urlunsplit(parts._replace(scheme="postgresql+psycopg2", path=f"/{name}", query=""))
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.close()
 
 
 def test_project_dagster_yaml_is_a_valid_instance_config(tmp_path, monkeypatch):

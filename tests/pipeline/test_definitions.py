@@ -383,3 +383,49 @@ def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_pat
     assert windows("fast") == (timedelta(minutes=1), timedelta(minutes=2))
     # Only what syncs has a clock: evaluations follow their source.
     assert graph.get(dg.AssetKey("eval_new_bugs")).freshness_policy is None
+
+
+def pools_by_asset(defs: dg.Definitions) -> dict[str, str | None]:
+    return {a.key.to_user_string(): a.op.pool for a in defs.assets}  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def config_with_retention(tmp_path: Path) -> Path:
+    data = bundled()
+    data["retention"] = {"changes": "90d"}  # so the retention asset exists too
+    return write_config(tmp_path / "w.yaml", data)
+
+
+def test_on_duckdb_every_warehouse_writer_shares_the_one_warehouse_pool(config_with_retention):
+    url = "duckdb:///somewhere/warehouse.duckdb"
+    for environ in ({}, {WAREHOUSE_URL_ENV: url}):
+        defs = build_definitions(load_config(config_with_retention), environ=environ)
+        pools = pools_by_asset(defs)
+        assert set(pools) == set(GROUPS) | {"retention"}
+        # A DuckDB file admits one writing process: one slot in one pool serialises them all.
+        assert set(pools.values()) == {WAREHOUSE_POOL}
+
+
+def test_on_postgres_each_asset_has_its_own_pool_so_sources_sync_at_once(config_with_retention):
+    for url in ("postgresql://cw@db:5432/cw?schema=watch", "postgresql+psycopg2://cw@db/cw"):
+        defs = build_definitions(
+            load_config(config_with_retention), environ={WAREHOUSE_URL_ENV: url}
+        )
+        assert pools_by_asset(defs) == {
+            "issues": "warehouse/source/demo_issues",
+            "eval_new_bugs": "warehouse/watch/new_bugs",
+            "eval_closed_issues": "warehouse/watch/closed_issues",
+            "eval_security_review": "warehouse/watch/security_review",
+            NOTIFICATIONS_ASSET: "warehouse/notifications",
+            "digest_daily": "warehouse/digest/daily",
+            "retention": "warehouse/retention",
+        }
+        # The jobs run their steps under the same pools the assets declare.
+        job = defs.resolve_job_def(sync_job_name(load_config(config_with_retention).sources[0]))
+        assert {node.definition.pool for node in job.graph.node_dict.values()} == {
+            "warehouse/source/demo_issues",
+            "warehouse/watch/new_bugs",
+            "warehouse/watch/closed_issues",
+            "warehouse/watch/security_review",
+            "warehouse/notifications",
+        }

@@ -1,0 +1,467 @@
+"""The multi-process deployment: deploy/ and eight sources syncing at once on PostgreSQL.
+
+Each `changewatch sync <source>` is its own process (as a run launched by the daemon would be),
+recording into the deployment's instance (deploy/dagster.yaml, Dagster storage in a database of
+its own). A gate proves the syncs overlap: the test holds every source's sync lock, so each
+sync fetches and then waits at its commit; only when all eight wait at once is the gate opened.
+With one `warehouse` pool slot for everything, seven would wait for the slot instead.
+
+No Docker engine runs here: the compose file is checked as data against the commands the
+README documents, and those commands run for real (code server, webserver, daemon).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, closing, contextmanager
+from pathlib import Path
+
+import adbc_driver_postgresql.dbapi as adbc
+import dagster as dg
+import httpx
+import psycopg2
+import pytest
+import yaml
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.warehouse import connect
+from cw_testing import PG_URL, REPO
+from dagster._core.run_coordinator import QueuedRunCoordinator
+
+SOURCES = [f"tracker_{i}" for i in range(8)]
+BIN = Path(sys.executable).parent
+CHANGEWATCH = BIN / "changewatch"
+# Eight processes importing Dagster on a busy two-core machine take a while to get there.
+GATE_TIMEOUT_S = 120
+# Three servers starting, then two runs launched by the daemon, on that same machine.
+PROCESSES_TIMEOUT_S = 240
+
+
+@pytest.fixture
+def pg_warehouse() -> Iterator[str]:
+    schema = f"cw_test_{uuid.uuid4().hex[:12]}"
+    yield f"{PG_URL}?schema={schema}"
+    with adbc.connect(PG_URL) as con, con.cursor() as cur:
+        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        con.commit()
+
+
+def serve(stack: ExitStack, names: list[str]) -> dict[str, DemoAPIServer]:
+    """A demo tracker per name, each its own API server on loopback, with different issues."""
+    return {
+        name: stack.enter_context(DemoAPIServer(DemoTracker(issues=30, seed=i)))
+        for i, name in enumerate(names)
+    }
+
+
+@pytest.fixture
+def trackers() -> Iterator[dict[str, DemoAPIServer]]:
+    with ExitStack() as stack:
+        yield serve(stack, SOURCES)
+
+
+@pytest.fixture
+def two_trackers() -> Iterator[dict[str, DemoAPIServer]]:
+    with ExitStack() as stack:
+        yield serve(stack, SOURCES[:2])
+
+
+def write_watches(path: Path, trackers: dict[str, DemoAPIServer]) -> Path:
+    sources = [
+        {
+            "name": name,
+            "type": "rest",
+            "base_url": server.url,
+            "path": "/repos/acme/widgets/issues",
+            "params": {"state": "all", "per_page": 100},
+            "paginator": {"type": "link_header"},
+            "sync": "snapshot",
+            "baseline": "evaluate",
+            "table": name,
+            "primary_key": "number",
+            "updated_at": "updated_at",
+            "columns": {
+                "number": "bigint",
+                "title": "text",
+                "state": "text",
+                "labels": {"type": "text[]", "path": "labels[].name"},
+                "updated_at": "timestamp",
+            },
+        }
+        for name, server in trackers.items()
+    ]
+    watches = [
+        {
+            "name": f"every_change_{name}",
+            "source": name,
+            "where": "kind = 'insert' OR kind = 'update' OR kind = 'delete'",
+            "channels": ["file"],
+            "dedupe": "per_transition",
+            "title": "Change #{{ key }}",
+        }
+        for name in trackers
+    ]
+    config = {
+        "version": 1,
+        "sources": sources,
+        "channels": [{"name": "file", "type": "file", "path": "notifications.jsonl"}],
+        "watches": watches,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@contextmanager
+def gate(sources: list[str]) -> Iterator[Callable[[], int]]:
+    """Hold the sync lock of every source; yields how many syncs wait at it right now.
+
+    A sync fetches, then takes its source's lock to commit: a sync waiting here is a step
+    running inside its pool slot. Leaving the block opens the gate.
+    """
+    keys = [f"changewatch:sync:{name}" for name in sources]
+    con = psycopg2.connect(PG_URL)
+    con.autocommit = True
+
+    def waiting() -> int:
+        with con.cursor() as cur:
+            cur.execute(
+                """
+                SELECT count(*) FROM pg_locks l
+                JOIN (SELECT hashtextextended(k, 0) AS h FROM unnest(%s::text[]) AS k) keys
+                  ON l.classid::bigint = (keys.h >> 32) & 4294967295
+                 AND l.objid::bigint = keys.h & 4294967295
+                WHERE l.locktype = 'advisory' AND NOT l.granted
+                """,
+                (keys,),
+            )
+            return cur.fetchone()[0]
+
+    try:
+        with con.cursor() as cur:
+            for key in keys:
+                cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        yield waiting
+    finally:
+        with con.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock_all()")
+        con.close()
+
+
+def sync_all_at_once(env: dict[str, str], cwd: Path) -> None:
+    """Start `changewatch sync <source>` for every source at once, behind the gate."""
+    procs: list[subprocess.Popen] = []
+    try:
+        with gate(SOURCES) as waiting:
+            procs = [
+                subprocess.Popen(
+                    [str(CHANGEWATCH), "sync", name],
+                    env=env,
+                    cwd=cwd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+                for name in SOURCES
+            ]
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            held = 0
+            while time.monotonic() < deadline and held < len(SOURCES):
+                if any(p.poll() is not None for p in procs):
+                    break  # a sync ended before the gate opened: it failed
+                time.sleep(0.2)
+                held = waiting()
+            ended = [p.communicate()[1][-2000:] for p in procs if p.poll() is not None]
+            assert held == len(SOURCES), (
+                f"only {held} of {len(SOURCES)} syncs were writing at the same time; "
+                f"ended early: {ended}"
+            )
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    for name, p in zip(SOURCES, procs, strict=True):
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, f"{name}: exit {p.returncode}\n{out}\n{err}"
+
+
+def check_warehouse(url: str, lines_path: Path, expected: dict[str, dict[str, set[int]]]) -> int:
+    """Every expected change recorded once, notified once, delivered to the file once."""
+    notified = 0
+    with connect(url) as wh:
+        for name in SOURCES:
+            rows = wh.fetch(f'SELECT kind, object_key FROM "{name}_changes"')
+            by_kind: dict[str, list[int]] = {}
+            for kind, key in rows:
+                by_kind.setdefault(kind, []).append(int(key))
+            # Once each: no change recorded twice, none missing.
+            assert {k: sorted(v) for k, v in by_kind.items()} == {
+                k: sorted(v) for k, v in expected[name].items() if v
+            }, name
+            notified += len(rows)
+        [(runs, failed)] = wh.fetch(
+            "SELECT count(*), count(*) FILTER (WHERE status <> 'succeeded') FROM sync_runs"
+        )
+        assert failed == 0
+        [(outbox, keys)] = wh.fetch("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox")
+        assert outbox == keys == notified  # one notification per change, each key once
+        ids = {row[0] for row in wh.fetch("SELECT notification_id FROM outbox")}
+        statuses = wh.fetch("SELECT status, count(*) FROM deliveries GROUP BY status")
+        assert statuses == [("sent", outbox)]
+    lines = [json.loads(line) for line in lines_path.read_text(encoding="utf-8").splitlines()]
+    sent = [line["notification_id"] for line in lines]
+    assert len(sent) == len(set(sent)) == outbox  # no notification written twice
+    assert set(sent) == ids
+    return runs
+
+
+def test_eight_sources_sync_at_once_on_postgres_with_no_conflict_or_duplicate(
+    tmp_path, trackers, pg_warehouse, dagster_db
+):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    config = write_watches(tmp_path / "watches.yaml", trackers)
+    env = os.environ | {
+        "DAGSTER_HOME": str(home),
+        "DAGSTER_PG_URL": dagster_db,
+        "CHANGEWATCH_CONFIG": str(config),
+        "CHANGEWATCH_WAREHOUSE_URL": pg_warehouse,
+    }
+    # The deployment's one-off step (the compose file's `init`): every sync job ends in the
+    # delivery pool, and Dagster's first use of a pool inserts its limit, which two processes
+    # doing it at once on PostgreSQL fail at ("current transaction is aborted").
+    init = compose()["services"]["init"]["command"]
+    subprocess.run([str(BIN / init[0]), *init[1:]], env=env, check=True, capture_output=True)
+
+    sync_all_at_once(env, tmp_path)
+    expected = {
+        name: {"insert": {issue["number"] for issue in server.tracker.snapshot()}}
+        for name, server in trackers.items()
+    }
+    assert check_warehouse(pg_warehouse, tmp_path / "notifications.jsonl", expected) == 8
+
+    # Every tracker changes, then all sync at once again: only the new changes, once each.
+    for name, server in trackers.items():
+        done = server.tracker.mutate(create=2, update=3, delete=1)
+        expected[name]["insert"] |= set(done["created"])
+        expected[name]["update"] = set(done["updated"])
+        expected[name]["delete"] = set(done["deleted"])
+    sync_all_at_once(env, tmp_path)
+    assert check_warehouse(pg_warehouse, tmp_path / "notifications.jsonl", expected) == 16
+
+    # The runs are in the shared Dagster instance, one per process and round.
+    plain = dagster_db.replace("postgresql+psycopg2://", "postgresql://")
+    with closing(psycopg2.connect(plain)) as con, con.cursor() as cur:
+        cur.execute("SELECT status, count(*) FROM runs GROUP BY status")
+        assert cur.fetchall() == [("SUCCESS", 16)]
+
+
+DEPLOY = REPO / "deploy"
+
+
+def documented_commands() -> list[list[str]]:
+    """The commands of the README's "Deploy on several processes" block, minus setup."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Deploy on several processes", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    return [
+        shlex.split(line)
+        for line in block.splitlines()
+        if line.strip() and not line.startswith(("export ", "cd "))
+    ]
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text(encoding="utf-8"))
+
+
+def test_compose_runs_the_documented_processes_on_one_postgres():
+    services = compose()["services"]
+    assert set(services) == {"postgres", "init", "code", "webserver", "daemon"}
+    # Each changewatch service runs one documented command, in the documented order.
+    assert [services[name]["command"] for name in ("init", "code", "webserver", "daemon")] == (
+        documented_commands()
+    )
+    assert services["init"]["command"][:4] == ["dagster", "instance", "concurrency", "set"]
+    assert services["code"]["command"][:3] == ["dagster", "code-server", "start"]
+    assert services["webserver"]["command"][0] == "dagster-webserver"
+    assert services["daemon"]["command"][:2] == ["dagster-daemon", "run"]
+
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:")
+    user, db = postgres["environment"]["POSTGRES_USER"], postgres["environment"]["POSTGRES_DB"]
+    code_port = services["code"]["command"][services["code"]["command"].index("-p") + 1]
+    for name in ("init", "code", "webserver", "daemon"):
+        service = services[name]
+        env = service["environment"]
+        # One image, one DAGSTER_HOME holding deploy/dagster.yaml and workspace.yaml.
+        assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}, name
+        assert service["working_dir"] == env["DAGSTER_HOME"] == "/opt/dagster/home", name
+        # Dagster's storage (psycopg2 scheme) and the warehouse both on the postgres service.
+        assert env["DAGSTER_PG_URL"].startswith(f"postgresql+psycopg2://{user}:"), name
+        assert env["DAGSTER_PG_URL"].endswith(f"@postgres:5432/{db}"), name
+        assert env["CHANGEWATCH_WAREHOUSE_URL"].startswith(f"postgresql://{user}:"), name
+        assert "@postgres:5432/" in env["CHANGEWATCH_WAREHOUSE_URL"], name
+        # workspace.yaml reaches the code server by these.
+        assert (env["CHANGEWATCH_CODE_HOST"], env["CHANGEWATCH_CODE_PORT"]) == ("code", code_port)
+        # Passwords come from the host's environment, never written in the file.
+        assert "${POSTGRES_PASSWORD:-" in env["DAGSTER_PG_URL"], name
+    assert services["code"]["depends_on"] == {
+        "init": {"condition": "service_completed_successfully"}
+    }
+    assert services["init"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name in ("webserver", "daemon"):
+        assert services[name]["depends_on"] == {"code": {"condition": "service_started"}}
+    assert services["webserver"]["ports"] == ["3000:3000"]
+
+    dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
+    assert "COPY deploy/dagster.yaml deploy/workspace.yaml /opt/dagster/home/" in dockerfile
+
+    workspace = yaml.safe_load((DEPLOY / "workspace.yaml").read_text(encoding="utf-8"))
+    assert workspace == {
+        "load_from": [
+            {
+                "grpc_server": {
+                    "host": {"env": "CHANGEWATCH_CODE_HOST"},
+                    "port": {"env": "CHANGEWATCH_CODE_PORT"},
+                    "location_name": "changewatch",
+                }
+            }
+        ]
+    }
+
+
+def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, dagster_db):
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_PG_URL", dagster_db)
+
+    with dg.DagsterInstance.get() as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
+        assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
+        assert type(instance.compute_log_manager).__name__ == "NoOpComputeLogManager"
+        assert instance.get_runs() == []
+        # Pools: one slot each unless set; the documented one-off step sets the delivery pool.
+        assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
+        instance.event_log_storage.set_concurrency_slots("warehouse/notifications", 1)
+        assert instance.event_log_storage.get_concurrency_keys() == {"warehouse/notifications"}
+        assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue.max_concurrent_runs == 8
+        assert [dict(limit) for limit in queue.tag_concurrency_limits] == [
+            {"key": SOURCE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+        ]
+        assert instance.get_settings("telemetry")["enabled"] is False
+    # Nothing was written under DAGSTER_HOME but the settings: all state is in PostgreSQL.
+    assert sorted(p.name for p in Path(home).iterdir()) == ["dagster.yaml"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def local(command: list[str], **options: str) -> list[str]:
+    """A documented command with its host/port options replaced, run from this venv."""
+    command = [str(BIN / command[0]), *command[1:]]
+    for flag, value in options.items():
+        command[command.index(flag) + 1] = value
+    return command
+
+
+def test_code_server_webserver_and_daemon_run_two_syncs_at_once(
+    tmp_path, monkeypatch, dagster_db, pg_warehouse, two_trackers
+):
+    trackers = two_trackers
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("dagster.yaml", "workspace.yaml"):
+        shutil.copy(DEPLOY / name, home / name)
+    config = write_watches(tmp_path / "watches.yaml", trackers)
+    code_port, web_port = free_port(), free_port()
+    settings = {
+        "DAGSTER_HOME": str(home),
+        "DAGSTER_PG_URL": dagster_db,
+        "CHANGEWATCH_CONFIG": str(config),
+        "CHANGEWATCH_WAREHOUSE_URL": pg_warehouse,
+        "CHANGEWATCH_CODE_HOST": "127.0.0.1",
+        "CHANGEWATCH_CODE_PORT": str(code_port),
+    }
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)  # this process reads the same instance
+    env = os.environ | settings
+    init, code, web, daemon = documented_commands()
+    subprocess.run(local(init), env=env, cwd=home, check=True, capture_output=True)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with ExitStack() as stack:
+        procs = {}
+        for name, command in (
+            ("code", local(code, **{"-h": "127.0.0.1", "-p": str(code_port)})),
+            ("webserver", local(web, **{"-h": "127.0.0.1", "-p": str(web_port)})),
+            ("daemon", local(daemon)),
+        ):
+            out = stack.enter_context((logs / f"{name}.log").open("w"))
+            procs[name] = subprocess.Popen(
+                command, env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT
+            )
+            stack.callback(stop, procs[name])
+
+        def alive() -> str:
+            assert all(p.poll() is None for p in procs.values()), "\n".join(
+                f"== {p.name}\n{p.read_text()[-3000:]}" for p in logs.iterdir()
+            )
+            return ""
+
+        deadline = time.monotonic() + PROCESSES_TIMEOUT_S
+        with gate(list(trackers)) as waiting:
+            info = None
+            while info is None and time.monotonic() < deadline:
+                alive()
+                try:
+                    info = httpx.get(f"http://127.0.0.1:{web_port}/server_info", timeout=5).json()
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+            assert info and "dagster_webserver_version" in info, alive()
+            # The daemon's sensor requests every source at once; the run queue launches both
+            # runs through the code server, and both syncs reach their commit together.
+            while waiting() < len(trackers) and time.monotonic() < deadline:
+                alive()
+                time.sleep(0.5)
+            assert waiting() == len(trackers), alive()
+        # The gate is open: both runs finish, recorded in the shared instance.
+        with dg.DagsterInstance.get() as instance:
+            while time.monotonic() < deadline:
+                runs = instance.get_runs()
+                if len(runs) == len(trackers) and all(r.is_finished for r in runs):
+                    break
+                time.sleep(0.5)
+            assert sorted((r.job_name, r.status) for r in instance.get_runs()) == [
+                (f"sync_{name}", dg.DagsterRunStatus.SUCCESS) for name in sorted(trackers)
+            ], alive()
+    with connect(pg_warehouse) as wh:
+        for name, server in trackers.items():
+            assert wh.fetch(f'SELECT count(*) FROM "{name}_changes"') == [(len(server.tracker),)]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
