@@ -152,7 +152,9 @@ def evaluate_watch(
         verdicts: dict[int, _Decision] = {}
         if watch.judge is not None and passed.height:
             assert judge is not None, f"watch {watch.name!r} declares a judge but none was given"
-            verdicts, calls_left = _judge_all(wh, watch, source, passed, judge, calls_left, stats)
+            verdicts, calls_left = judge_changes(
+                wh, watch, source, passed, judge, calls_left, stats
+            )
         evaluated_at = now()
         evaluations, outbox = _decide(watch, source, changes, verdicts, version, evaluated_at)
         _commit(wh, watch, source, changes, evaluations, outbox, version, evaluated_at, stats)
@@ -296,7 +298,7 @@ def _values(row: Mapping[str, Any], prefix: str, columns: list[str]) -> dict[str
     return {c: row[prefix + c] for c in columns}
 
 
-def _judge_all(
+def judge_changes(
     wh: Warehouse,
     watch: Watch,
     source: SourceBase,

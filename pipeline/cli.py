@@ -101,6 +101,14 @@ def _parser() -> argparse.ArgumentParser:
     explain.add_argument("watch", help="the watch's name in the watches file")
     explain.add_argument("key", help="the object's key (its primary key, as in object_key)")
 
+    replay = commands.add_parser(
+        "replay", help="replay a watch over stored history with an edited filter or condition"
+    )
+    replay.add_argument("watch", help="the watch's name in the watches file")
+    replay.add_argument("--since", default="30d", help="how far back, as a duration (default: 30d)")
+    replay.add_argument("--where", help="the filter to try instead of the watch's")
+    replay.add_argument("--condition", help="the judge condition to try instead of the watch's")
+
     evals = commands.add_parser(
         "eval", help="score a watch's judge against labelled examples, model by model"
     )
@@ -224,6 +232,8 @@ def _run(args: argparse.Namespace) -> int:
         return _prune(config)
     if args.command == "explain":
         return _explain(config, args.watch, args.key)
+    if args.command == "replay":
+        return _replay(config, args)
     if args.command == "eval":
         return _eval(config, args)
     if args.command == "feedback":
@@ -277,6 +287,37 @@ def _explain(config: ChangewatchConfig, watch_name: str, key: str) -> int:
     sources = {name: config.source(name) for name in watch.sources}
     with connect() as wh:
         print(format_explanation(watch, key, explain_object(wh, watch, sources, key)))
+    return 0
+
+
+def _replay(config: ChangewatchConfig, args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime, timedelta
+
+    from changewatch.evaluators.filters import compile_filter
+    from changewatch.evaluators.judge import Judge
+    from changewatch.evaluators.replay import format_replay, replay_watch, replayed
+    from changewatch.sources.base import parse_duration
+    from changewatch.warehouse import connect
+
+    _known("watch", args.watch, [w.name for w in config.watches])
+    try:
+        since = datetime.now(UTC) - timedelta(seconds=parse_duration(args.since))
+        watch = replayed(config.watch(args.watch), where=args.where, condition=args.condition)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    sources = {name: config.source(name) for name in watch.sources}
+    for source in sources.values():  # a bad --where fails here, before anything runs
+        compile_filter(
+            watch.where, watch=watch.name, columns={c: s.type for c, s in source.columns.items()}
+        )
+    judge = Judge(watch.judge) if watch.judge else None
+    try:
+        with connect() as wh:
+            result = replay_watch(wh, watch, sources, since=since, judge=judge)
+    finally:
+        if judge is not None:
+            judge.close()
+    print(format_replay(watch, since, result))
     return 0
 
 

@@ -105,6 +105,18 @@ def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
     assert lines[3].split()[:6] == ["eager", "3", "0.33", "1.00", "0.33", "3"]
     assert any(line.startswith("eager: ") and "old news" in line for line in lines)
 
+    # Replay: the same condition is all cache and changes nothing; an edit is judged anew.
+    done = run_cli("replay", "security_review", cwd=cwd, **env)
+    assert done.returncode == 0, done.stderr
+    assert " 0 added, 0 dropped, " in done.stdout and "nothing was sent" in done.stdout
+    done = run_cli("replay", "security_review", "--where", "kind = 'delete'", cwd=cwd, **env)
+    assert done.returncode == 0, done.stderr
+    dropped = [line for line in done.stdout.splitlines() if line.startswith("- demo_issues ")]
+    assert len(dropped) == len(notified)
+    done = run_cli("replay", "security_review", "--where", "titel = 'x'", cwd=cwd, **env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("changewatch: watch 'security_review': where: ")
+
     done = run_cli("eval", "security_review", "--model", "eager", "--min-agreement", "0.9",
                    cwd=cwd, **env)  # fmt: skip
     assert done.returncode == 1
