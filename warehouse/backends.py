@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_URL",
     "DuckDBWarehouse",
     "PostgresWarehouse",
+    "Rows",
     "Warehouse",
     "WarehouseError",
     "connect",
@@ -34,6 +35,11 @@ ROW_GROUP_ROWS = 16_384
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # libpq parameters that carry secrets; never shown.
 _SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
+
+
+# What can be staged or bulk loaded: a frame, an Arrow table, or Arrow record batches streamed
+# from elsewhere (read once).
+Rows = pl.DataFrame | pa.Table | pa.RecordBatchReader
 
 
 class WarehouseError(Exception):
@@ -61,15 +67,23 @@ class Warehouse(ABC):
         """Run a query and return its result as a polars frame (via Arrow, no row loop)."""
 
     @abstractmethod
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
-        """Make ``frame`` queryable as table ``name`` on this connection, until ``unstage``."""
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        """Run a query and stream its result as Arrow record batches (read it before the next
+        statement on this connection)."""
+
+    @abstractmethod
+    def stage(self, name: str, frame: Rows) -> None:
+        """Make ``frame`` queryable as table ``name`` on this connection, until ``unstage``.
+
+        A record batch reader is read once: stage it for one statement.
+        """
 
     @abstractmethod
     def unstage(self, name: str) -> None:
         """Drop a staged frame."""
 
     @contextmanager
-    def staged(self, name: str, frame: pl.DataFrame) -> Iterator[str]:
+    def staged(self, name: str, frame: Rows) -> Iterator[str]:
         """Stage ``frame`` as ``name`` for a ``with`` block; yields the quoted table name."""
         self.stage(name, frame)
         try:
@@ -82,11 +96,11 @@ class Warehouse(ABC):
             raise
         self.unstage(name)
 
-    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+    def bulk_load(self, table: str, frame: Rows) -> bool:
         """Append ``frame`` to ``table`` (columns matched by name) on a bulk path, if any.
 
-        Returns False when the backend has none better than ``INSERT ... SELECT`` from a staged
-        frame; the caller then writes with SQL. Rows go in frame order.
+        Returns False (and reads nothing) when the backend has none better than ``INSERT ...
+        SELECT`` from a staged frame; the caller then writes with SQL. Rows go in frame order.
         """
         return False
 
@@ -148,7 +162,10 @@ class DuckDBWarehouse(Warehouse):
     def fetch_frame(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
         return pl.from_arrow(self._con.sql(sql, params=list(params)).to_arrow_table())
 
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        return self._con.sql(sql, params=list(params)).to_arrow_reader(ROW_GROUP_ROWS)
+
+    def stage(self, name: str, frame: Rows) -> None:
         # A registered Arrow view: DuckDB scans it in place, nothing is copied or written.
         self._con.register(name, _record_batches(frame))
 
@@ -210,13 +227,17 @@ class PostgresWarehouse(Warehouse):
         self._cur.execute(sql, tuple(params) or None)
         return pl.from_arrow(self._cur.fetch_arrow_table())
 
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        self._cur.execute(sql, tuple(params) or None)
+        return self._cur.fetch_record_batch()
+
+    def stage(self, name: str, frame: Rows) -> None:
         self._cur.adbc_ingest(name, _record_batches(frame), mode="create", temporary=True)
 
     def unstage(self, name: str) -> None:
         self._cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote(name)}")
 
-    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+    def bulk_load(self, table: str, frame: Rows) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a
         # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
         self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
@@ -240,14 +261,16 @@ class PostgresWarehouse(Warehouse):
         self._con.close()
 
 
-def _record_batches(frame: pl.DataFrame) -> pa.Table:
-    """``frame`` as Arrow in row-group-sized record batches.
+def _record_batches(frame: Rows) -> pa.Table | pa.RecordBatchReader:
+    """``frame`` as Arrow in row-group-sized record batches (a reader passes as it is).
 
     DuckDB scans, casts and compresses the batches on every core (one batch would keep a bulk
     write on one thread); PostgreSQL's binary COPY is sent batch by batch, so the server
     stores one while the driver encodes the next.
     """
-    table = frame.to_arrow()
+    if isinstance(frame, pa.RecordBatchReader):
+        return frame
+    table = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
     return pa.Table.from_batches(table.to_batches(max_chunksize=ROW_GROUP_ROWS), table.schema)
 
 
