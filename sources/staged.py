@@ -30,8 +30,8 @@ from changewatch.sources.normalize import (
 __all__ = ["MEMORY_LIMIT", "STAGE_TYPES", "STREAM_ROWS", "StagedFetch"]
 
 # What DuckDB may keep in memory for one sync (normalizing, deduplicating, diffing); the rest
-# spills to disk. Large enough that a fetch of some 100,000 records never spills.
-MEMORY_LIMIT = "256MB"
+# spills to disk. The sort that numbers a million-row change log needed more than 128 MB.
+MEMORY_LIMIT = "192MB"
 # Rows per Arrow record batch read out of the stage: a warehouse row group.
 STREAM_ROWS = 16_384
 
@@ -61,7 +61,14 @@ class StagedFetch:
         self._tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
         # One thread while the walk goes on (normalization shares the machine with it).
         self.connection = duckdb.connect(
-            config={"threads": 1, "memory_limit": memory_limit, "temp_directory": self._tmp.name}
+            config={
+                "threads": 1,
+                "memory_limit": memory_limit,
+                "temp_directory": self._tmp.name,
+                # Rows carry their arrival; nothing here depends on the order they are stored
+                # or read in, and keeping it costs memory in every streamed query.
+                "preserve_insertion_order": False,
+            }
         )
         # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
         self.connection.execute("SET TimeZone = 'UTC'")

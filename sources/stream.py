@@ -28,7 +28,7 @@ __all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
 BATCH_BYTES = 4 << 20
 # Batches handed to the worker and not yet stored before the walk waits for it: enough to
 # ride out a slow batch, few enough that the pages held stay a few batches' worth.
-MAX_QUEUED = 3
+MAX_QUEUED = 4
 
 # A batch to normalize: its documents, their records path, the first one's number in the fetch.
 _Job = tuple[list[bytes], str | None, int]

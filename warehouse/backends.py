@@ -31,6 +31,8 @@ _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Rows per DuckDB row group (DuckDB's default is 122,880): small enough that a sync of some
 # tens of thousands of rows is written while it is inserted, large enough to compress well.
 ROW_GROUP_ROWS = 16_384
+# What a DuckDB warehouse's buffer pool may hold in memory.
+MEMORY_LIMIT = "128MB"
 # Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # libpq parameters that carry secrets; never shown.
@@ -143,7 +145,10 @@ class DuckDBWarehouse(Warehouse):
         # INSERT runs, on all cores, instead of compressing one big row group at commit.
         catalog = self.path.stem if self.path.stem not in _RESERVED_CATALOGS else "warehouse"
         options = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
-        self._con = duckdb.connect()
+        # A bounded buffer pool: DuckDB otherwise keeps every block it wrote or read cached,
+        # up to 80% of the machine's memory, so a sync's memory would follow the table size.
+        # Beyond the limit it evicts cached blocks and spills to a temporary directory.
+        self._con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT})
         try:
             self._con.execute(f"ATTACH {literal(str(self.path))} AS {quote(catalog)} ({options})")
         except duckdb.IOException as error:

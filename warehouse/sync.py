@@ -623,6 +623,8 @@ def _change_log_query(config: SourceBase) -> str:
         ),
         fetched_join=_key_join(keys, "f", "d"),
         old_join=_key_join(keys, "o", "d"),
+        diff_keys=", ".join(f"d.{quote(k)}" for k in keys),
+        ordered_join=_key_join(keys, "r", "d"),
     )
 
 

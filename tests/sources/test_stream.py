@@ -179,9 +179,9 @@ def test_the_walk_waits_for_the_worker_so_the_pages_held_stay_a_few_batches() ->
 def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
     warehouse_url: str, api: ApiServer
 ) -> None:
-    # 300 pages of 100 GitHub-sized records (about 2 KB each): 60 MB of pages, against the
+    # 350 pages of 100 GitHub-sized records (about 2 KB each): 67 MB of pages, against the
     # 4 MiB batches of which a sync keeps at most MAX_QUEUED plus the one being filled.
-    pages, per_page = 300, 100
+    pages, per_page = 350, 100
     body = "lorem ipsum " * 160
 
     def listing(request: Received) -> Reply:
