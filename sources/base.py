@@ -205,6 +205,8 @@ class FetchResult:
 
     Records stay inside their documents (one per page) until normalization splits and types
     them in one columnar pass; no per-record Python objects are kept while a walk goes on.
+    A fetch with a sink hands each document to it and keeps none (``streamed`` counts them),
+    so a walk holds no more pages than the sink does.
     """
 
     documents: list[bytes]
@@ -222,6 +224,8 @@ class FetchResult:
     # Every request was answered 304 Not Modified: nothing changed, nothing to parse.
     not_modified: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+    # Documents handed to the fetch's sink instead of being kept in ``documents``.
+    streamed: int = 0
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]], **details: Any) -> FetchResult:
@@ -260,7 +264,8 @@ class Source(Protocol):
         ``validators`` are the ones the last successful sync stored (see ``FetchResult``);
         a connector that supports conditional requests sends them back. ``sink`` receives
         every document of the result once, in arrival order, while the fetch goes on (so
-        normalization can overlap the walk); the result may list them in another order.
+        normalization can overlap the walk); the result then keeps none of them and counts
+        them in ``streamed`` (a sync of any size holds only the pages its sink holds).
 
         Raises ``changewatch.sources.errors.SourceError`` (or a subclass) on failure; never
         returns partial results for a failed walk, so a failed sync leaves the stored cursor

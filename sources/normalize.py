@@ -29,6 +29,7 @@ __all__ = [
     "SYNCED_AT_COLUMN",
     "empty_frame",
     "finish_batches",
+    "merge_fields",
     "normalize",
     "normalize_batch",
     "normalize_with_fields",
@@ -215,13 +216,23 @@ def finish_batches(
         pl.lit(synced_at).cast(UTC_MICROS).alias(SYNCED_AT_COLUMN),
         RAW_COLUMN,
     )
-    # A new field's type is that of its first non-null value over the whole fetch.
+    return frame, merge_fields([batch.fields for batch in batches])
+
+
+def merge_fields(found: Sequence[dict[str, str | None]]) -> dict[str, str | None]:
+    """The payload fields of a fetch's batches (in order), each with its changewatch type.
+
+    A new field's type is that of its first non-null value over the whole fetch.
+
+    >>> merge_fields([{"id": None, "score": "NULL"}, {"score": "BIGINT", "tags": "ARRAY"}])
+    {'id': None, 'score': 'bigint', 'tags': 'json'}
+    """
     fields: dict[str, str | None] = {}
-    for batch in batches:
-        for field, found in batch.fields.items():
+    for batch in found:
+        for field, kind in batch.items():
             if fields.get(field, "NULL") == "NULL":
-                fields[field] = found
-    return frame, {f: None if t is None else _FIELD_TYPES.get(t, "json") for f, t in fields.items()}
+                fields[field] = kind
+    return {f: None if t is None else _FIELD_TYPES.get(t, "json") for f, t in fields.items()}
 
 
 def _newest_per_key(frame: pl.DataFrame, config: SourceBase) -> pl.DataFrame:

@@ -2,44 +2,47 @@
 
 A walk spends its time waiting on the network (and parsing HTTP); normalization spends it in
 DuckDB, which releases the GIL. Overlapping the two makes a sync cost about as much as its walk
-plus the last batch, instead of the walk plus all of normalization.
+plus the last batch, instead of the walk plus all of normalization. Each normalized batch is
+appended to the fetch's stage (``sources.staged``) and its pages are let go, and the walk waits
+when the worker is ``max_queued`` batches behind: memory follows the batch size, not the fetch.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 
 import duckdb
-import polars as pl
 from changewatch.sources.base import FetchResult, SourceBase
-from changewatch.sources.normalize import (
-    Batch,
-    finish_batches,
-    normalize_batch,
-    normalize_with_fields,
-)
+from changewatch.sources.normalize import Batch, merge_fields, normalize_batch
+from changewatch.sources.staged import StagedFetch
 
-__all__ = ["BATCH_BYTES", "StreamingNormalizer"]
+__all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
 
 # Large enough that DuckDB's per-batch setup (about 15 ms) is small, small enough that little
 # is left to do when the walk ends (about 10,000 GitHub-sized records). Measured on the demo
 # API: 4 MiB left 0.11-0.21 s after the walk, 8 MiB 0.21-0.27 s; 1-2 MiB fell behind the walk.
 BATCH_BYTES = 4 << 20
+# Batches handed to the worker and not yet stored before the walk waits for it: enough to
+# ride out a slow batch, few enough that the pages held stay a few batches' worth.
+MAX_QUEUED = 4
 
 # A batch to normalize: its documents, their records path, the first one's number in the fetch.
 _Job = tuple[list[bytes], str | None, int]
+_Fields = dict[str, str | None]
 
 
 class StreamingNormalizer:
-    """Takes a fetch's documents as they arrive (``add``) and normalizes them in batches.
+    """Takes a fetch's documents as they arrive (``add``) and stages them normalized, in batches.
 
-    Use as a context manager: leaving the block waits for the worker and stops it, so a failed
-    fetch leaves no thread behind. ``finish`` returns what ``normalize_with_fields`` would
-    return for the whole fetch. A payload error in a batch is raised by the next ``add``
-    (ending the walk early: the sync fails anyway) or by ``finish``.
+    Use as a context manager: leaving the block waits for the worker, stops it and drops the
+    stage, so a failed fetch leaves no thread or file behind. ``finish`` returns the stage
+    (one row per key, as ``normalize_with_fields`` would give) and the payload fields. A
+    payload error in a batch is raised by the next ``add`` (ending the walk early: the sync
+    fails anyway) or by ``finish``.
     """
 
     def __init__(
@@ -48,20 +51,29 @@ class StreamingNormalizer:
         *,
         known_fields: Collection[str] | None = None,
         batch_bytes: int = BATCH_BYTES,
+        max_queued: int = MAX_QUEUED,
     ) -> None:
         self.config = config
         self.known_fields = list(known_fields) if known_fields is not None else None
         self.batch_bytes = batch_bytes
+        self.max_queued = max_queued
         self.received = 0
+        # Documents held right now (waiting for a batch, or in one not yet stored), and the
+        # most ever held: what bounds a sync's memory.
+        self.holding = 0
+        self.peak_holding = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._records_path: str | None = None
-        # Each batch handed to the worker, with what it was given (to take it back, unstarted).
-        self._batches: list[tuple[Future[Batch], _Job]] = []
+        # Batches handed to the worker and not yet collected, oldest first, with what they
+        # were given (to take them back unstarted when the walk ends).
+        self._queue: deque[tuple[Future[_Fields], _Job]] = deque()
+        self._fields: list[_Fields] = []  # of the collected batches, in order
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="normalize")
-        # One single-threaded in-memory DuckDB for every batch; the worker uses this
-        # connection, the calling thread (when the walk is over) a cursor of it.
-        self._duckdb = duckdb.connect(config={"threads": 1})
+        self.stage = StagedFetch(config)
+        # The worker normalizes on the stage's connection, the calling thread (when the walk
+        # is over) on a cursor of it.
+        self._duckdb = self.stage.connection
 
     def __enter__(self) -> StreamingNormalizer:
         return self
@@ -73,11 +85,12 @@ class StreamingNormalizer:
         tb: TracebackType | None,
     ) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._duckdb.close()
+        self.stage.close()
 
     def add(self, document: bytes, records_path: str | None) -> None:
         """One document of the fetch, in arrival order (a connector's ``sink``)."""
-        for batch, _ in self._batches:
+        self._collect()
+        for batch, _ in self._queue:
             if batch.done() and batch.exception() is not None:
                 batch.result()  # raises: no point walking on
         if self._pending and records_path != self._records_path:
@@ -86,48 +99,66 @@ class StreamingNormalizer:
         self._pending.append(document)
         self._pending_bytes += len(document)
         self.received += 1
+        self.holding += 1
+        self.peak_holding = max(self.peak_holding, self.holding)
         if self._pending_bytes >= self.batch_bytes:
             self._submit()
 
     def finish(
         self, fetched: FetchResult, *, synced_at: datetime
-    ) -> tuple[pl.DataFrame, dict[str, str | None]]:
-        """The normalized frame and payload fields of ``fetched``, whose documents were added.
+    ) -> tuple[StagedFetch, dict[str, str | None]]:
+        """The stage holding ``fetched`` normalized, and its payload fields.
 
         A connector that did not hand its documents to ``add`` (one written before sinks
-        existed) is normalized here in one pass, from ``fetched`` itself.
+        existed) is normalized here, from ``fetched`` itself.
         """
         if self.received == 0 and fetched.documents:
-            return normalize_with_fields(
-                fetched, self.config, synced_at=synced_at, known_fields=self.known_fields
-            )
-        if self.received != len(fetched.documents):
-            # A connector bug: normalizing either list could lose rows or count them twice.
+            for document in fetched.documents:
+                self.add(document, fetched.records_path)
+        returned = fetched.streamed + len(fetched.documents)
+        if self.received != returned:
+            # A connector bug: normalizing either count could lose rows or count them twice.
             raise RuntimeError(
                 f"source {self.config.name!r}: the connector passed {self.received} documents "
-                f"to its sink but returned {len(fetched.documents)}"
+                f"to its sink but returned {returned}"
             )
         # The walk is over. The worker goes on with its queue from the front; this thread
         # takes the last documents, then the batches the worker has not started, from the back:
-        # two cores on what is left, with no batch normalized twice.
-        jobs = [job for _, job in self._batches]
-        mine: dict[int, Batch | Exception] = {}
+        # two cores on what is left, with no batch normalized twice. Its batches are stored
+        # after the worker's, in order.
+        queued = list(self._queue)
+        mine: list[Batch | Exception] = []
         with self._duckdb.cursor() as cursor:
             last = self._take_pending()
             if last[0]:
-                jobs.append(last)
-                mine[len(jobs) - 1] = self._attempt(last, cursor)
-            for index in reversed(range(len(self._batches))):
-                if not self._batches[index][0].cancel():
-                    break  # running or done: so is every batch before it
-                mine[index] = self._attempt(jobs[index], cursor)
-        batches = []
-        for index in range(len(jobs)):  # in order: the first bad record is the one reported
-            done = mine[index] if index in mine else self._batches[index][0].result()
+                mine.append(self._attempt(last, cursor))
+            while queued and queued[-1][0].cancel():
+                mine.append(self._attempt(queued.pop()[1], cursor))
+        for batch, _ in queued:  # in order: the first bad record is the one reported
+            self._fields.append(batch.result())
+        self._queue.clear()
+        for done in reversed(mine):
             if isinstance(done, Exception):
                 raise done
-            batches.append(done)
-        return finish_batches(batches, self.config, synced_at=synced_at)
+            self.stage.append(done.frame, self._duckdb)
+            self._fields.append(done.fields)
+        self.holding = 0
+        # The walk no longer competes for the cores: the rest of the sync may use them all.
+        self._duckdb.execute("RESET threads")
+        self.stage.keep_newest()
+        self.stage.synced_at = synced_at
+        return self.stage, merge_fields(self._fields)
+
+    def _collect(self, *, wait: bool = False) -> None:
+        """Let go of the batches stored so far (oldest first); with ``wait``, of the oldest."""
+        while self._queue and (wait or self._queue[0][0].done()):
+            batch, job = self._queue[0]
+            if batch.exception() is not None:
+                batch.result()  # raises
+            self._fields.append(batch.result())
+            self._queue.popleft()
+            self.holding -= len(job[0])
+            wait = False
 
     def _attempt(self, job: _Job, connection: duckdb.DuckDBPyConnection) -> Batch | Exception:
         try:
@@ -136,9 +167,18 @@ class StreamingNormalizer:
             return error
 
     def _submit(self) -> None:
-        if self._pending:
-            job = self._take_pending()
-            self._batches.append((self._pool.submit(self._normalize, *job, self._duckdb), job))
+        if not self._pending:
+            return
+        while len(self._queue) >= self.max_queued:
+            self._collect(wait=True)  # the walk waits for the worker: pages held stay bounded
+        job = self._take_pending()
+        self._queue.append((self._pool.submit(self._store, *job), job))
+
+    def _store(self, documents: list[bytes], records_path: str | None, first: int) -> _Fields:
+        """On the worker: normalize one batch, append it to the stage, return its fields."""
+        batch = self._normalize(documents, records_path, first, self._duckdb)
+        self.stage.append(batch.frame, self._duckdb)
+        return batch.fields
 
     def _take_pending(self) -> _Job:
         """The documents waiting for a batch, their records path and the first one's number."""

@@ -25,6 +25,9 @@ def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "ratio first sync (bulk load) / fetch-only" in done.stdout
     assert "re-sync, 1k upd/100 del" in done.stdout
+    # Each kind of sync's own peak RSS, at the row count asked for.
+    assert "peak RSS first sync, 3,000 rows: " in done.stdout
+    assert "peak RSS re-sync, 3,000 rows: " in done.stdout
 
 
 def test_bench_notify_runs_on_both_backends() -> None:

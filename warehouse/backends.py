@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_URL",
     "DuckDBWarehouse",
     "PostgresWarehouse",
+    "Rows",
     "Warehouse",
     "WarehouseError",
     "connect",
@@ -30,10 +31,17 @@ _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Rows per DuckDB row group (DuckDB's default is 122,880): small enough that a sync of some
 # tens of thousands of rows is written while it is inserted, large enough to compress well.
 ROW_GROUP_ROWS = 16_384
+# What a DuckDB warehouse's buffer pool may hold in memory.
+MEMORY_LIMIT = "128MB"
 # Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # libpq parameters that carry secrets; never shown.
 _SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
+
+
+# What can be staged or bulk loaded: a frame, an Arrow table, or Arrow record batches streamed
+# from elsewhere (read once).
+Rows = pl.DataFrame | pa.Table | pa.RecordBatchReader
 
 
 class WarehouseError(Exception):
@@ -61,15 +69,23 @@ class Warehouse(ABC):
         """Run a query and return its result as a polars frame (via Arrow, no row loop)."""
 
     @abstractmethod
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
-        """Make ``frame`` queryable as table ``name`` on this connection, until ``unstage``."""
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        """Run a query and stream its result as Arrow record batches (read it before the next
+        statement on this connection)."""
+
+    @abstractmethod
+    def stage(self, name: str, frame: Rows) -> None:
+        """Make ``frame`` queryable as table ``name`` on this connection, until ``unstage``.
+
+        A record batch reader is read once: stage it for one statement.
+        """
 
     @abstractmethod
     def unstage(self, name: str) -> None:
         """Drop a staged frame."""
 
     @contextmanager
-    def staged(self, name: str, frame: pl.DataFrame) -> Iterator[str]:
+    def staged(self, name: str, frame: Rows) -> Iterator[str]:
         """Stage ``frame`` as ``name`` for a ``with`` block; yields the quoted table name."""
         self.stage(name, frame)
         try:
@@ -82,11 +98,11 @@ class Warehouse(ABC):
             raise
         self.unstage(name)
 
-    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+    def bulk_load(self, table: str, frame: Rows) -> bool:
         """Append ``frame`` to ``table`` (columns matched by name) on a bulk path, if any.
 
-        Returns False when the backend has none better than ``INSERT ... SELECT`` from a staged
-        frame; the caller then writes with SQL. Rows go in frame order.
+        Returns False (and reads nothing) when the backend has none better than ``INSERT ...
+        SELECT`` from a staged frame; the caller then writes with SQL. Rows go in frame order.
         """
         return False
 
@@ -129,7 +145,10 @@ class DuckDBWarehouse(Warehouse):
         # INSERT runs, on all cores, instead of compressing one big row group at commit.
         catalog = self.path.stem if self.path.stem not in _RESERVED_CATALOGS else "warehouse"
         options = "READ_ONLY" if read_only else f"ROW_GROUP_SIZE {ROW_GROUP_ROWS}"
-        self._con = duckdb.connect()
+        # A bounded buffer pool: DuckDB otherwise keeps every block it wrote or read cached,
+        # up to 80% of the machine's memory, so a sync's memory would follow the table size.
+        # Beyond the limit it evicts cached blocks and spills to a temporary directory.
+        self._con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT})
         try:
             self._con.execute(f"ATTACH {literal(str(self.path))} AS {quote(catalog)} ({options})")
         except duckdb.IOException as error:
@@ -148,7 +167,10 @@ class DuckDBWarehouse(Warehouse):
     def fetch_frame(self, sql: str, params: Sequence[Any] = ()) -> pl.DataFrame:
         return pl.from_arrow(self._con.sql(sql, params=list(params)).to_arrow_table())
 
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        return self._con.sql(sql, params=list(params)).to_arrow_reader(ROW_GROUP_ROWS)
+
+    def stage(self, name: str, frame: Rows) -> None:
         # A registered Arrow view: DuckDB scans it in place, nothing is copied or written.
         self._con.register(name, _record_batches(frame))
 
@@ -210,13 +232,17 @@ class PostgresWarehouse(Warehouse):
         self._cur.execute(sql, tuple(params) or None)
         return pl.from_arrow(self._cur.fetch_arrow_table())
 
-    def stage(self, name: str, frame: pl.DataFrame) -> None:
+    def fetch_batches(self, sql: str, params: Sequence[Any] = ()) -> pa.RecordBatchReader:
+        self._cur.execute(sql, tuple(params) or None)
+        return self._cur.fetch_record_batch()
+
+    def stage(self, name: str, frame: Rows) -> None:
         self._cur.adbc_ingest(name, _record_batches(frame), mode="create", temporary=True)
 
     def unstage(self, name: str) -> None:
         self._cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote(name)}")
 
-    def bulk_load(self, table: str, frame: pl.DataFrame) -> bool:
+    def bulk_load(self, table: str, frame: Rows) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a
         # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
         self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
@@ -240,14 +266,16 @@ class PostgresWarehouse(Warehouse):
         self._con.close()
 
 
-def _record_batches(frame: pl.DataFrame) -> pa.Table:
-    """``frame`` as Arrow in row-group-sized record batches.
+def _record_batches(frame: Rows) -> pa.Table | pa.RecordBatchReader:
+    """``frame`` as Arrow in row-group-sized record batches (a reader passes as it is).
 
     DuckDB scans, casts and compresses the batches on every core (one batch would keep a bulk
     write on one thread); PostgreSQL's binary COPY is sent batch by batch, so the server
     stores one while the driver encodes the next.
     """
-    table = frame.to_arrow()
+    if isinstance(frame, pa.RecordBatchReader):
+        return frame
+    table = frame.to_arrow() if isinstance(frame, pl.DataFrame) else frame
     return pa.Table.from_batches(table.to_batches(max_chunksize=ROW_GROUP_ROWS), table.schema)
 
 

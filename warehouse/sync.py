@@ -1,8 +1,11 @@
 """One sync of one source: fetch, normalize, diff against the table, commit rows + changes + cursor.
 
-The diff is columnar (a polars join on primary key and content hash); the write is one
-transaction holding the new rows, the change-log entries, the cursor and the run record, so a
-sync either lands whole or not at all and can simply be run again.
+The fetched rows wait in the sync's stage (a private DuckDB that spills to disk, see
+``sources.staged``); the stored keys and hashes are streamed in next to them and the diff and
+the change log are SQL there, so memory follows the batch size, not the table's. The write is
+one transaction holding the new rows, the change-log entries, the cursor and the run record,
+streamed in record batches, so a sync either lands whole or not at all and can simply be run
+again.
 """
 
 from __future__ import annotations
@@ -14,9 +17,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
+from changewatch import sql
 from changewatch.sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
 from changewatch.sources.errors import PayloadError
 from changewatch.sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN
+from changewatch.sources.staged import STAGE_TYPES, StagedFetch
 from changewatch.sources.stream import StreamingNormalizer
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import (
@@ -26,21 +31,17 @@ from changewatch.warehouse.schema import (
     ensure_source_tables,
     evolved_column,
 )
-from changewatch.warehouse.statements import quote, render
+from changewatch.warehouse.statements import literal, quote, render
 
 __all__ = [
     "SyncConflict",
     "SyncStats",
     "apply_sync",
-    "diff",
     "format_cursor",
     "held_changes",
     "release_changes",
     "run_sync",
 ]
-
-_OLD_HASH = "old_hash"
-_NEW_HASH = "new_hash"
 
 
 class SyncConflict(Exception):
@@ -159,31 +160,31 @@ def run_sync(
             if full:
                 # Nothing was conditional and nothing was filtered by a cursor: everything.
                 fetched.complete = True
-            frame, fields = pages.finish(fetched, synced_at=started_at)
-        stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
-        if stats.drift and config.schema_mode == "freeze":
-            raise PayloadError(
-                f"source {config.name!r}: new payload fields {sorted(stats.drift)} and the "
-                "source's schema is frozen: declare them as columns, or set schema: evolve or "
-                "schema: discard"
+            staged, fields = pages.finish(fetched, synced_at=started_at)
+            stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
+            if stats.drift and config.schema_mode == "freeze":
+                raise PayloadError(
+                    f"source {config.name!r}: new payload fields {sorted(stats.drift)} and the "
+                    "source's schema is frozen: declare them as columns, or set schema: evolve "
+                    "or schema: discard"
+                )
+            # A drifted field the config has since declared is a column like any other.
+            evolved = {
+                f: t
+                for f, (t, action) in known.items()
+                if action == "evolved" and evolved_column(f) not in config.columns
+            }
+            apply_sync(
+                wh,
+                config,
+                staged,
+                fetched,
+                stats,
+                started=started,
+                fields=fields,
+                evolved=evolved,
+                expected_last_sync=state[0][2] if state else None,
             )
-        # A drifted field the config has since declared is a column like any other.
-        evolved = {
-            f: t
-            for f, (t, action) in known.items()
-            if action == "evolved" and evolved_column(f) not in config.columns
-        }
-        apply_sync(
-            wh,
-            config,
-            frame,
-            fetched,
-            stats,
-            started=started,
-            fields=fields,
-            evolved=evolved,
-            expected_last_sync=state[0][2] if state else None,
-        )
     except BaseException as error:
         _record_failure(wh, stats, error)
         raise
@@ -193,7 +194,7 @@ def run_sync(
 def apply_sync(
     wh: Warehouse,
     config: SourceBase,
-    frame: pl.DataFrame,
+    staged: StagedFetch,
     fetched: FetchResult,
     stats: SyncStats,
     *,
@@ -202,9 +203,9 @@ def apply_sync(
     evolved: dict[str, str] | None = None,
     expected_last_sync: str | None = None,
 ) -> SyncStats:
-    """Diff ``frame`` against the stored table and commit rows, changes and cursor at once.
+    """Diff ``staged`` against the stored table and commit rows, changes and cursor at once.
 
-    ``frame`` is the output of ``changewatch.sources.normalize.normalize``. Deletes are
+    ``staged`` holds the fetch normalized (``StreamingNormalizer.finish``). Deletes are
     inferred only when ``fetched.complete`` (the fetch listed everything). ``fields``
     are the payload fields the fetch saw (recorded for schema drift), ``evolved`` the
     drifted fields that are already columns. ``expected_last_sync`` is the source's last
@@ -214,7 +215,8 @@ def apply_sync(
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
     stats.pages, stats.requests = fetched.pages, fetched.requests
-    stats.rows_fetched = fetched.record_count if fetched.record_count is not None else frame.height
+    height = staged.height
+    stats.rows_fetched = fetched.record_count if fetched.record_count is not None else height
     finished_at = datetime.now(UTC)
     with wh.transaction():
         # Two syncs of one source must not interleave their read-diff-write; Dagster's tag
@@ -226,27 +228,32 @@ def apply_sync(
                 f"source {config.name!r}: another sync committed while this one was fetching; "
                 "this one is dropped (the next sync starts from the newer state)"
             )
-        stored = _stored_hashes(wh, config, frame, complete=fetched.complete)
-        changes = diff(frame.select(*keys, HASH_COLUMN), stored, keys, complete=fetched.complete)
-        counts = changes.get_column("kind").value_counts()
-        by_kind = dict(zip(counts["kind"].to_list(), counts["count"].to_list(), strict=True))
+        _load_stored(wh, config, staged, complete=fetched.complete)
+        staged.execute(
+            sql.load("create_diff_fetched").format(
+                keys=", ".join(f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys),
+                join="FULL" if fetched.complete else "LEFT",
+                key_join=_key_join(keys, "f", "s"),
+            )
+        )
+        by_kind = dict(staged.fetch("SELECT kind, count(*) FROM diff GROUP BY kind"))
         stats.inserted = by_kind.get("insert", 0)
         stats.updated = by_kind.get("update", 0)
         stats.deleted = by_kind.get("delete", 0)
-        stats.unchanged = frame.height - stats.inserted - stats.updated
+        stats.unchanged = height - stats.inserted - stats.updated
         stats.not_modified = fetched.not_modified
         stats.storm_held = not stats.silent and _is_storm(
             config, stats, previous[0][1] if previous else None
         )
         evolved = dict(evolved or {})
         if fields:
-            evolved |= _record_fields(wh, config, frame, fields, stats, finished_at, evolved)
-        if changes.height:
-            _write_changes(wh, config, frame, changes, stats, finished_at, evolved)
-        _refresh_raw(wh, config, frame, changes, evolved)
+            evolved |= _record_fields(wh, config, staged, fields, stats, finished_at, evolved)
+        if stats.changed:
+            _write_changes(wh, config, staged, stats, finished_at, evolved)
+        _refresh_raw(wh, config, staged, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
-        cursor_after = _next_cursor(stats.cursor_before, frame, config)
+        cursor_after = _next_cursor(stats.cursor_before, staged, config)
         if fetched.complete or not previous or previous[0][1] is None:
             stats.row_count = _count(wh, config)
         else:
@@ -262,62 +269,25 @@ def apply_sync(
     return stats
 
 
-def diff(
-    fetched: pl.DataFrame, stored: pl.DataFrame, keys: list[str], *, complete: bool
-) -> pl.DataFrame:
-    """Classify keys as insert/update/delete by comparing content hashes.
-
-    ``fetched`` and ``stored`` hold the key columns and ``_content_hash``. Returns the changed
-    keys with ``kind``, ``old_hash`` and ``new_hash``; unchanged keys are left out, and
-    stored keys missing from ``fetched`` count as deletes only when ``complete``.
-
-    >>> new = pl.DataFrame({"id": [1, 2, 3], "_content_hash": ["a", "B", "c"]})
-    >>> old = pl.DataFrame({"id": [2, 3, 4], "_content_hash": ["b", "c", "d"]})
-    >>> diff(new, old, ["id"], complete=True).sort("id").rows()
-    [(1, 'insert', None, 'a'), (2, 'update', 'b', 'B'), (4, 'delete', 'd', None)]
-    """
-    stored = stored.select(
-        *(pl.col(k).cast(fetched.schema[k]) for k in keys), pl.col(HASH_COLUMN).alias(_OLD_HASH)
-    )
-    joined = fetched.rename({HASH_COLUMN: _NEW_HASH}).join(
-        stored, on=keys, how="full" if complete else "left", coalesce=True
-    )
-    kind = (
-        pl.when(pl.col(_OLD_HASH).is_null())
-        .then(pl.lit("insert"))
-        .when(pl.col(_NEW_HASH).is_null())
-        .then(pl.lit("delete"))
-        .when(pl.col(_OLD_HASH) != pl.col(_NEW_HASH))
-        .then(pl.lit("update"))
-    )
-    return (
-        joined.with_columns(kind.alias("kind"))
-        .filter(pl.col("kind").is_not_null())
-        .select(*keys, "kind", _OLD_HASH, _NEW_HASH)
-    )
-
-
-def _stored_hashes(
-    wh: Warehouse, config: SourceBase, frame: pl.DataFrame, *, complete: bool
-) -> pl.DataFrame:
+def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, complete: bool) -> None:
+    """Stream the stored keys and hashes the diff needs into the stage, as table ``stored``."""
     table = quote(config.table)
+    keys = ", ".join(quote(k) for k in config.primary_key)
     if complete:
-        keys = ", ".join(quote(k) for k in config.primary_key)
-        return wh.fetch_frame(
-            render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
-        )
+        query = render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
+        staged.load("stored", wh.fetch_batches(query))
+        return
     # Incremental: look up only the fetched keys, so cost follows what the API returned.
-    with wh.staged("cw_fetched_keys", frame.select(config.primary_key)) as stage:
-        return wh.fetch_frame(
-            render(
-                "select_hashes_entity_staged",
-                wh.dialect,
-                table=table,
-                stage=stage,
-                t_primary_key=", ".join(f"t.{quote(k)}" for k in config.primary_key),
-                key_join=_key_join(config.primary_key),
-            )
+    with wh.staged("cw_fetched_keys", staged.arrow(f"SELECT {keys} FROM fetched")) as stage:
+        query = render(
+            "select_hashes_entity_staged",
+            wh.dialect,
+            table=table,
+            stage=stage,
+            t_primary_key=", ".join(f"t.{quote(k)}" for k in config.primary_key),
+            key_join=_key_join(config.primary_key),
         )
+        staged.load("stored", wh.fetch_batches(query))
 
 
 def _from_raw(field: str, field_type: str, raw: str = "_raw") -> str:
@@ -335,7 +305,7 @@ def _from_raw(field: str, field_type: str, raw: str = "_raw") -> str:
 def _record_fields(
     wh: Warehouse,
     config: SourceBase,
-    frame: pl.DataFrame,
+    staged: StagedFetch,
     fields: dict[str, str | None],
     stats: SyncStats,
     seen_at: datetime,
@@ -359,7 +329,7 @@ def _record_fields(
     action = {f: "baseline" if baseline else "discarded" for f in new} | {
         f: "evolved" for f in become_columns
     }
-    staged = pl.DataFrame(
+    found = pl.DataFrame(
         {
             "source": [config.name] * len(new),
             "field": list(new),
@@ -378,7 +348,7 @@ def _record_fields(
             "sync_id": pl.String,
         },
     )
-    with wh.staged("cw_fields", staged) as stage:
+    with wh.staged("cw_fields", found) as stage:
         wh.execute(render("insert_source_fields_staged", wh.dialect, stage=stage))
     if become_columns:
         for f, t in become_columns.items():
@@ -398,7 +368,11 @@ def _record_fields(
                 for f, t in become_columns.items()
             ]
         )
-        with wh.staged("cw_drifted", frame.select(*config.primary_key, RAW_COLUMN)) as stage:
+        keys = ", ".join(quote(k) for k in config.primary_key)
+        with (
+            staged.reader(f"SELECT {keys}, {RAW_COLUMN} FROM fetched") as drifted,
+            wh.staged("cw_drifted", drifted) as stage,
+        ):
             wh.execute(
                 render(
                     "update_entity_staged_evolved",
@@ -415,8 +389,7 @@ def _record_fields(
 def _refresh_raw(
     wh: Warehouse,
     config: SourceBase,
-    frame: pl.DataFrame,
-    changes: pl.DataFrame,
+    staged: StagedFetch,
     evolved: dict[str, str],
 ) -> None:
     """Store the current ``_raw`` (and evolved columns) of fetched rows that did not change.
@@ -425,14 +398,19 @@ def _refresh_raw(
     change; the stored payload should still be the one upstream has now.
     """
     keys = config.primary_key
-    same = frame.select(*keys, RAW_COLUMN).join(changes.select(keys), on=keys, how="anti")
-    if not same.height:
+    key_list = ", ".join(f"f.{quote(k)}" for k in keys)
+    same = (
+        f"SELECT {key_list}, f.{RAW_COLUMN} FROM fetched AS f "
+        f"ANTI JOIN diff AS d ON {_key_join(keys, 'f', 'd')}"
+    )
+    if not staged.fetch(f"SELECT EXISTS ({same})")[0][0]:
         return
     assignments = ", ".join(
         ["_raw = CAST(s._raw AS JSON)"]
         + [f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}" for f, t in evolved.items()]
     )
-    with wh.staged("cw_raw", same) as stage:
+    # Streamed: on a re-sync this is nearly every fetched row, with its payload.
+    with staged.reader(same) as rows, wh.staged("cw_raw", rows) as stage:
         wh.execute(
             render(
                 "update_entity_staged_raw",
@@ -519,34 +497,33 @@ def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult)
 def _write_changes(
     wh: Warehouse,
     config: SourceBase,
-    frame: pl.DataFrame,
-    changes: pl.DataFrame,
+    staged: StagedFetch,
     stats: SyncStats,
     detected_at: datetime,
     evolved: dict[str, str],
 ) -> None:
     keys, columns = config.primary_key, list(config.columns)
     table = quote(config.table)
-    touched = changes.filter(pl.col("kind") != "insert").select(keys)
-    old_rows = pl.DataFrame()
-    if touched.height:
+    key_list = ", ".join(quote(k) for k in keys)
+    if stats.updated or stats.deleted:
+        # Keys only: small next to the rows, and the warehouse reads them twice.
+        touched = staged.arrow(f"SELECT {key_list} FROM diff WHERE kind <> 'insert'")
         with wh.staged("cw_touched_keys", touched) as stage:
-            old_rows = wh.fetch_frame(
-                render(
-                    "select_rows_entity_staged",
-                    wh.dialect,
-                    table=table,
-                    stage=stage,
-                    key_join=_key_join(keys),
-                    columns=", ".join(
-                        # JSON leaves as text: Arrow has no portable JSON type.
-                        f"CAST(t.{quote(c)} AS TEXT) AS {quote(c)}"
-                        if config.columns[c].type == "json"
-                        else f"t.{quote(c)}"
-                        for c in columns
-                    ),
-                )
+            old_rows = render(
+                "select_rows_entity_staged",
+                wh.dialect,
+                table=table,
+                stage=stage,
+                key_join=_key_join(keys),
+                columns=", ".join(
+                    # JSON leaves as text: Arrow has no portable JSON type.
+                    f"CAST(t.{quote(c)} AS TEXT) AS {quote(c)}"
+                    if config.columns[c].type == "json"
+                    else f"t.{quote(c)}"
+                    for c in columns
+                ),
             )
+            staged.load("old_rows", wh.fetch_batches(old_rows))
             wh.execute(
                 render(
                     "delete_entity_staged",
@@ -556,117 +533,98 @@ def _write_changes(
                     key_join=_key_join(keys),
                 )
             )
-    upserts = frame.join(changes.filter(pl.col("kind") != "delete").select(keys), on=keys)
-    # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path will do.
-    if upserts.height and (evolved or not wh.bulk_load(config.table, upserts)):
-        with wh.staged("cw_upserts", upserts) as stage:
-            wh.execute(
-                render(
-                    "insert_entity_staged",
-                    wh.dialect,
-                    table=table,
-                    stage=stage,
-                    columns=", ".join(quote(c) for c in columns),
-                    select_columns=_select_list(config, columns),
-                    evolved_columns="".join(f", {quote(evolved_column(f))}" for f in evolved),
-                    evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
-                )
-            )
+    else:
+        staged.execute(
+            "CREATE OR REPLACE TABLE old_rows AS "
+            f"SELECT {', '.join(quote(c) for c in columns)} FROM fetched LIMIT 0"
+        )
+    if stats.inserted or stats.updated:
+        upserts_query = sql.load("select_upserts_fetched").format(
+            columns=", ".join(f"f.{quote(c)}" for c in columns),
+            key_join=_key_join(keys, "f", "d"),
+        )
+        with staged.reader(upserts_query, [staged.synced_at]) as upserts:
+            # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
+            if evolved or not wh.bulk_load(config.table, upserts):
+                with wh.staged("cw_upserts", upserts) as stage:
+                    wh.execute(
+                        render(
+                            "insert_entity_staged",
+                            wh.dialect,
+                            table=table,
+                            stage=stage,
+                            columns=", ".join(quote(c) for c in columns),
+                            select_columns=_select_list(config, columns),
+                            evolved_columns="".join(
+                                f", {quote(evolved_column(f))}" for f in evolved
+                            ),
+                            evolved_values="".join(
+                                f", {_from_raw(f, t)}" for f, t in evolved.items()
+                            ),
+                        )
+                    )
     change_table = changes_table(config.table)
     change_log = quote(change_table)
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
-    log = (
-        _change_rows(config, frame, old_rows, changes, stats.sync_id, detected_at)
-        .with_columns(
-            (pl.col("_order").cast(pl.Int64) + first_id).alias("change_id"),
-            pl.lit(stats.silent).alias("silent"),
-            pl.lit(stats.storm_held).alias("held"),
-        )
-        .drop("_order")
-    )
+    params = [first_id, stats.sync_id, detected_at, stats.silent, stats.storm_held]
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    if wh.bulk_load(change_table, log):
-        return
-    with wh.staged("cw_changes", log) as stage:
-        wh.execute(
-            render(
-                "insert_changes_staged",
-                wh.dialect,
-                changes=change_log,
-                stage=stage,
-                value_columns=", ".join(quote(c) for c in value_columns),
-                select_values=_select_list(
-                    config,
-                    value_columns,
-                    types={
-                        p + c: config.columns[c].type for c in columns for p in ("old_", "new_")
-                    },
-                ),
+    with staged.reader(_change_log_query(config), params) as log:
+        if wh.bulk_load(change_table, log):
+            return
+        with wh.staged("cw_changes", log) as stage:
+            wh.execute(
+                render(
+                    "insert_changes_staged",
+                    wh.dialect,
+                    changes=change_log,
+                    stage=stage,
+                    value_columns=", ".join(quote(c) for c in value_columns),
+                    select_values=_select_list(
+                        config,
+                        value_columns,
+                        types={
+                            p + c: config.columns[c].type for c in columns for p in ("old_", "new_")
+                        },
+                    ),
+                )
             )
-        )
 
 
-def _change_rows(
-    config: SourceBase,
-    frame: pl.DataFrame,
-    old_rows: pl.DataFrame,
-    changes: pl.DataFrame,
-    sync_id: str,
-    detected_at: datetime,
-) -> pl.DataFrame:
-    """One change-log row per changed key, with typed old_* and new_* values side by side."""
+def _change_log_query(config: SourceBase) -> str:
+    """The stage's query for the change log (``sql/select_changes_fetched.sql``) of ``config``.
+
+    Key columns never change; both sides carry the key so filters can use old_x and new_x.
+    """
     keys, columns = config.primary_key, list(config.columns)
-    new_values = frame.select(
-        *keys, *(pl.col(c).alias(f"new_{c}") for c in columns if c not in keys)
-    )
-    log = changes.join(new_values, on=keys, how="left")
-    if old_rows.height:
-        old_values = old_rows.select(
-            *(pl.col(k).cast(frame.schema[k]) for k in keys),
-            *(pl.col(c).cast(frame.schema[c]).alias(f"old_{c}") for c in columns if c not in keys),
-        )
-        log = log.join(old_values, on=keys, how="left")
-    else:
-        log = log.with_columns(
-            pl.lit(None, dtype=frame.schema[c]).alias(f"old_{c}") for c in columns if c not in keys
-        )
-    # Key columns never change; both sides carry the key so filters can use old_x and new_x.
-    log = log.with_columns(
-        *(pl.when(pl.col("kind") != "insert").then(pl.col(k)).alias(f"old_{k}") for k in keys),
-        *(pl.when(pl.col("kind") != "delete").then(pl.col(k)).alias(f"new_{k}") for k in keys),
-    )
-    is_update = pl.col("kind") == "update"
-    changed = pl.when(is_update).then(
-        pl.concat_list(
-            pl.when(pl.col(f"old_{c}").ne_missing(pl.col(f"new_{c}"))).then(pl.lit(c))
-            for c in columns
-        ).list.drop_nulls()
-    )
     if len(keys) == 1:
-        object_key = pl.col(keys[0]).cast(pl.String)
+        object_key = f"CAST(d.{quote(keys[0])} AS VARCHAR)"
     else:
-        object_key = pl.struct(keys).struct.json_encode()
-    order = [f"new_{config.updated_at}", f"old_{config.updated_at}"] if config.updated_at else []
-    return (
-        log.with_columns(
-            pl.lit(sync_id).alias("sync_id"),
-            object_key.alias("object_key"),
-            changed.alias("changed_columns"),
-            pl.lit(detected_at).cast(pl.Datetime("us", "UTC")).alias("detected_at"),
-        )
-        .sort([*order, "object_key"], nulls_last=True)
-        .with_row_index("_order")
-        .select(
-            "_order",
-            "sync_id",
-            "kind",
-            "object_key",
-            _OLD_HASH,
-            _NEW_HASH,
-            "changed_columns",
-            "detected_at",
-            *(f"{p}{c}" for c in columns for p in ("old_", "new_")),
-        )
+        fields = ", ".join(f"{quote(k)} := d.{quote(k)}" for k in keys)
+        object_key = f"CAST(to_json(struct_pack({fields})) AS VARCHAR)"
+    old = {c: f"CAST(o.{quote(c)} AS {STAGE_TYPES[config.columns[c].type]})" for c in columns}
+    new = {c: f"f.{quote(c)}" for c in columns}
+    for k in keys:
+        old[k] = f"CASE WHEN d.kind <> 'insert' THEN d.{quote(k)} END"
+        new[k] = f"CASE WHEN d.kind <> 'delete' THEN d.{quote(k)} END"
+    changed = [
+        f"CASE WHEN {old[c]} IS DISTINCT FROM {new[c]} THEN {literal(c)} END"
+        for c in columns
+        if c not in keys
+    ]
+    order = []
+    if config.updated_at:
+        order = [f"{new[config.updated_at]} NULLS LAST", f"{old[config.updated_at]} NULLS LAST"]
+    return sql.load("select_changes_fetched").format(
+        order=", ".join([*order, f"{object_key} NULLS LAST"]),
+        object_key=object_key,
+        changed=f"[{', '.join(changed)}]" if changed else "CAST([] AS VARCHAR[])",
+        values=", ".join(
+            f"{old[c]} AS {quote('old_' + c)}, {new[c]} AS {quote('new_' + c)}" for c in columns
+        ),
+        fetched_join=_key_join(keys, "f", "d"),
+        old_join=_key_join(keys, "o", "d"),
+        diff_keys=", ".join(f"d.{quote(k)}" for k in keys),
+        ordered_join=_key_join(keys, "r", "d"),
     )
 
 
@@ -680,15 +638,15 @@ def _select_list(
     )
 
 
-def _key_join(keys: list[str]) -> str:
-    return " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
+def _key_join(keys: list[str], left: str = "t", right: str = "s") -> str:
+    return " AND ".join(f"{left}.{quote(k)} = {right}.{quote(k)}" for k in keys)
 
 
-def _next_cursor(before: str | None, frame: pl.DataFrame, config: SourceBase) -> str | None:
+def _next_cursor(before: str | None, staged: StagedFetch, config: SourceBase) -> str | None:
     """The newest updated-at seen so far: the cursor never moves backwards."""
-    if config.updated_at is None or frame.is_empty():
+    if config.updated_at is None:
         return before
-    newest = frame.get_column(config.updated_at).max()
+    newest = staged.fetch(f"SELECT max({quote(config.updated_at)}) FROM fetched")[0][0]
     if newest is None:
         return before
     candidate = format_cursor(newest)  # type: ignore[arg-type]

@@ -99,7 +99,8 @@ class FeedSource:
             notes={"feed_version": parsed.version},
         )
         if sink is not None:
-            sink(result.documents[0], result.records_path)
+            sink(result.documents.pop(), result.records_path)
+            result.streamed = 1
         return result
 
     @contextmanager

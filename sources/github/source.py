@@ -108,14 +108,16 @@ class GitHubSource:
         arrive.
         """
         since = github_time(cursor) if cursor and self.config.sync == "incremental" else None
-        kept: dict[str, list[tuple[bytes, int]]] = {repo: [] for repo in self._walks}
+        # Per repository: its pages (only without a sink, which holds them instead) and
+        # their records. A repository fetched again replaces its entry.
+        kept: dict[str, list[tuple[bytes | None, int]]] = {repo: [] for repo in self._walks}
 
         def keeper(repo: str) -> DocumentSink:
             def keep(document: bytes, records_path: str | None) -> None:
-                annotated = self._annotate(document, repo)
-                kept[repo].append(annotated)
+                annotated, records = self._annotate(document, repo)
+                kept[repo].append((None if sink is not None else annotated, records))
                 if sink is not None:
-                    sink(annotated[0], None)
+                    sink(annotated, None)
 
             return keep
 
@@ -129,7 +131,8 @@ class GitHubSource:
                     again = self._walks[repo].fetch(cursor=None, sink=keeper(repo))
                     again.requests += result.requests
                     results[repo] = again
-        documents = [document for pages in kept.values() for document, _ in pages]
+        documents = [doc for pages in kept.values() for doc, _ in pages if doc is not None]
+        streamed = sum(len(pages) for pages in kept.values()) if sink is not None else 0
         count = sum(records for pages in kept.values() for _, records in pages)
         found: dict[str, Validator] = {}
         for result in results.values():
@@ -144,6 +147,7 @@ class GitHubSource:
             validators=found,
             not_modified=not_modified,
             notes={"not_modified_repos": [r for r, res in results.items() if res.not_modified]},
+            streamed=streamed,
         )
 
     def _annotate(self, document: bytes, repo: str) -> tuple[bytes, int]:

@@ -106,8 +106,9 @@ class _Walk:
 
     stored: Mapping[str, Validator]  # validators from the last sync, by request key
     records_path: str | None = None
-    sink: DocumentSink | None = None  # told of each kept document at once
+    sink: DocumentSink | None = None  # given each kept document at once, instead of `documents`
     documents: list[bytes] = field(default_factory=list)
+    streamed: int = 0  # documents given to the sink (not kept: the sink holds what it needs)
     validators: dict[str, Validator] = field(default_factory=dict)
     pages: int = 0
     record_count: int = 0
@@ -117,9 +118,16 @@ class _Walk:
     root: str | None = None  # the key of the walk's first request: names the walk
 
     def keep(self, document: bytes) -> None:
-        self.documents.append(document)
-        if self.sink is not None:
-            self.sink(document, self.records_path)
+        if self.sink is None:
+            self.documents.append(document)
+            return
+        # Not kept: a walk of a million records would otherwise hold every page until it ends.
+        self.streamed += 1
+        self.sink(document, self.records_path)
+
+    @property
+    def kept(self) -> int:
+        return len(self.documents) + self.streamed
 
     def reshaped(self) -> bool:
         """Whether this walk requested other pages than the stored walk of the same root.
@@ -185,21 +193,21 @@ class RestSource:
         with self.client_factory(policy=self.policy, name=config.name) as client:
             for listing in self._listings(client, walk, own):
                 self._walk(client, walk, listing)
-            if snapshot and walk.unchanged and not walk.documents and walk.reshaped():
+            if snapshot and walk.unchanged and not walk.kept and walk.reshaped():
                 # Every page answered 304, but fewer pages (or parents) than last time: the
                 # missing ones held rows that are now deletes. Walk it all again, without
                 # validators (a 304's Link header cannot be trusted to carry the rest).
                 walk = _Walk({}, config.records_path, sink)
                 for listing in self._listings(client, walk, own):
                     self._walk(client, walk, listing)
-            if snapshot and walk.unchanged and walk.documents:
+            if snapshot and walk.unchanged and walk.kept:
                 changed, walk.documents = walk.documents, []
                 for listing, paginator, page in walk.unchanged:
                     self._page(client, walk, listing, paginator, page, conditional=False)
                 walk.documents += changed
                 walk.unchanged = []
             requests = client.requests
-        not_modified = bool(walk.unchanged) and not walk.documents
+        not_modified = bool(walk.unchanged) and not walk.kept
         return FetchResult(
             documents=walk.documents,
             records_path=config.records_path,
@@ -210,6 +218,7 @@ class RestSource:
             validators=walk.validators,
             not_modified=not_modified,
             notes={"ignored": dict(walk.ignored)} if walk.ignored else {},
+            streamed=walk.streamed,
         )
 
     def _listings(self, client: HttpClient, walk: _Walk, own: _Listing) -> list[_Listing]:
@@ -292,7 +301,7 @@ class RestSource:
             pages += 1
             walk.pages += 1
             # Once a snapshot page has changed, the rest are needed whole anyway.
-            conditional = not (config.sync == "snapshot" and walk.documents)
+            conditional = not (config.sync == "snapshot" and walk.kept)
             answer = self._page(client, walk, listing, paginator, request, conditional)
             if answer is None:
                 break  # a response action ignored it: the listing ends here

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from changewatch.sources.base import FetchResult
 from changewatch.sources.errors import FetchError, RateLimited
 from changewatch.sources.github import GitHubSource, GitHubSourceConfig, build_github_source
 from changewatch.sources.http import HttpClient, HttpPolicy
@@ -191,9 +192,10 @@ def test_snapshot_with_one_repo_changed_refetches_the_rest_for_a_full_listing(ap
         cursor=None, validators=first.validators, sink=lambda doc, path: streamed.append(doc)
     )
     assert changed.complete is True and changed.not_modified is False
-    assert sorted(keys(changed)) == sorted(keys(first))
-    # Each page of the result reached the sink once, annotated, refetched pages included.
-    assert sorted(streamed) == sorted(changed.documents)
+    # Each page of the result reached the sink once, annotated, refetched pages included;
+    # the result keeps none of them.
+    assert sorted(keys(FetchResult(documents=streamed))) == sorted(keys(first))
+    assert changed.documents == [] and changed.streamed == len(streamed)
     assert len(changed.validators) == 4
 
 

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 import json
 import time
+import tracemalloc
 from datetime import UTC, datetime
 
 import orjson
 import pytest
+from apiserver import ApiServer, Received, Reply
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
 from changewatch.sources.normalize import normalize_with_fields
 from changewatch.sources.rest import RestSource, RestSourceConfig
-from changewatch.sources.stream import StreamingNormalizer
+from changewatch.sources.stream import BATCH_BYTES, MAX_QUEUED, StreamingNormalizer
+from changewatch.warehouse import connect
+from changewatch.warehouse.sync import run_sync
 from polars.testing import assert_frame_equal
 
 SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def api():
+    with ApiServer() as server:
+        yield server
 
 
 def source() -> SourceBase:
@@ -45,7 +55,8 @@ def streamed(documents: list[bytes], *, batch_bytes: int, known: list[str] | Non
     with StreamingNormalizer(source(), known_fields=known, batch_bytes=batch_bytes) as pages:
         for document in documents:
             pages.add(document, None)
-        return pages.finish(fetched, synced_at=SYNCED_AT)
+        staged, fields = pages.finish(fetched, synced_at=SYNCED_AT)
+        return staged.frame(), fields
 
 
 @pytest.mark.parametrize("pages_per_batch", [1, 2, 100], ids=["worker", "mixed", "last only"])
@@ -106,8 +117,8 @@ def test_batches_the_worker_has_not_started_are_shared_when_the_walk_ends() -> N
 def test_a_source_that_ignores_the_sink_is_normalized_from_its_result() -> None:
     documents = [page(0, 10), page(10, 10)]
     with StreamingNormalizer(source()) as pages:
-        frame, _ = pages.finish(FetchResult(documents=documents), synced_at=SYNCED_AT)
-    assert frame["id"].to_list() == list(range(20))
+        staged, _ = pages.finish(FetchResult(documents=documents), synced_at=SYNCED_AT)
+        assert staged.frame()["id"].to_list() == list(range(20))
 
 
 def test_the_rest_source_hands_every_page_to_the_sink_once(demo_api) -> None:
@@ -127,7 +138,8 @@ def test_the_rest_source_hands_every_page_to_the_sink_once(demo_api) -> None:
     seen: list[bytes] = []
     fetched = RestSource(config).fetch(cursor=None, sink=lambda doc, path: seen.append(doc))
     assert len(seen) == fetched.pages > 1
-    assert sorted(seen) == sorted(fetched.documents)
+    # Handed over, not kept: the walk holds no page the sink has let go of.
+    assert fetched.documents == [] and fetched.streamed == len(seen)
     numbers = [issue["number"] for doc in seen for issue in json.loads(doc)]
     assert sorted(numbers) == list(range(1, 41))  # every issue, once
 
@@ -150,3 +162,66 @@ def test_a_bad_page_ends_the_walk_at_a_following_page() -> None:
                 added += 1
                 time.sleep(0.01)
     assert added < 1000
+
+
+def test_the_walk_waits_for_the_worker_so_the_pages_held_stay_a_few_batches() -> None:
+    # One page per batch and at most two batches queued: whatever the worker's pace, the
+    # normalizer never holds more than the queued batches and the page being batched.
+    documents = [page(10 * n, 10) for n in range(200)]
+    with StreamingNormalizer(source(), batch_bytes=1, max_queued=2) as pages:
+        for document in documents:
+            pages.add(document, None)
+        staged, _ = pages.finish(FetchResult(documents=[], streamed=200), synced_at=SYNCED_AT)
+        assert pages.peak_holding <= 3
+        assert staged.frame()["id"].to_list() == list(range(2000))
+
+
+def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
+    warehouse_url: str, api: ApiServer
+) -> None:
+    # 350 pages of 100 GitHub-sized records (about 2 KB each): 67 MB of pages, against the
+    # 4 MiB batches of which a sync keeps at most MAX_QUEUED plus the one being filled.
+    pages, per_page = 350, 100
+    body = "lorem ipsum " * 160
+
+    def listing(request: Received) -> Reply:
+        number = int(request.query.get("page", "1"))
+        first = (number - 1) * per_page
+        records = [
+            {"id": i, "title": f"item {i}", "body": body, "updated_at": "2026-01-01T00:00:00Z"}
+            for i in range(first, first + per_page)
+        ]
+        reply = Reply.json(records)
+        if number < pages:
+            reply.headers["Link"] = f'<{api.url("/items")}?page={number + 1}>; rel="next"'
+        return reply
+
+    api.route("/items", listing)
+    config = RestSourceConfig.model_validate(
+        {
+            "name": "big",
+            "type": "rest",
+            "table": "big_items",
+            "base_url": api.base_url,
+            "path": "/items",
+            "paginator": {"type": "link_header"},
+            "primary_key": "id",
+            "updated_at": "updated_at",
+            "columns": {"id": "bigint", "title": "text", "body": "text", "updated_at": "timestamp"},
+        }
+    )
+    fetched_bytes = sum(len(d) for d in RestSource(config).fetch(cursor=None).documents)
+    bound = (MAX_QUEUED + 2) * BATCH_BYTES + (8 << 20)
+    assert fetched_bytes > 2 * bound  # the whole fetch could not fit under the bound
+    with connect(warehouse_url) as wh:
+        for expected in (pages * per_page, 0):  # a first sync, then a re-sync
+            tracemalloc.start()
+            try:
+                stats = run_sync(wh, RestSource(config))
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert stats.inserted == expected and stats.rows_fetched == pages * per_page
+            assert peak < bound, (
+                f"a sync of {fetched_bytes >> 20} MiB of pages peaked at {peak >> 20} MiB"
+            )

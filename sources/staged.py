@@ -1,0 +1,158 @@
+"""The normalized rows of one fetch, kept in a private DuckDB that spills to disk.
+
+A sync of a million records must not hold a million records in memory: normalized batches are
+appended here as they come, DuckDB keeps at most ``memory_limit`` of them in memory (the rest
+goes to a temporary directory), and the sync reads them back with SQL or as Arrow record
+batches of bounded size.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+from changewatch import sql
+from changewatch.sources.base import SourceBase
+from changewatch.sources.normalize import (
+    HASH_COLUMN,
+    POLARS_TYPES,
+    RAW_COLUMN,
+    SYNCED_AT_COLUMN,
+    UTC_MICROS,
+)
+
+__all__ = ["MEMORY_LIMIT", "STAGE_TYPES", "STREAM_ROWS", "StagedFetch"]
+
+# What DuckDB may keep in memory for one sync (normalizing, deduplicating, diffing); the rest
+# spills to disk. The sort that numbers a million-row change log needed more than 128 MB.
+MEMORY_LIMIT = "192MB"
+# Rows per Arrow record batch read out of the stage: a warehouse row group.
+STREAM_ROWS = 16_384
+
+# Declared types as DuckDB stores them here. JSON stays text, as it leaves normalization.
+STAGE_TYPES = {
+    "text": "VARCHAR",
+    "bigint": "BIGINT",
+    "integer": "INTEGER",
+    "double": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "timestamp": "TIMESTAMPTZ",
+    "json": "VARCHAR",
+    "text[]": "VARCHAR[]",
+    "bigint[]": "BIGINT[]",
+}
+
+
+class StagedFetch:
+    """Table ``fetched`` (declared columns, ``_content_hash``, ``_raw``, ``_arrival``) of a
+    private DuckDB, plus whatever tables a sync loads next to it (``load``).
+
+    Close it (or use it as a context manager) to drop the database and its spill files.
+    """
+
+    def __init__(self, config: SourceBase, *, memory_limit: str = MEMORY_LIMIT) -> None:
+        self.config = config
+        self._tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
+        # One thread while the walk goes on (normalization shares the machine with it).
+        self.connection = duckdb.connect(
+            config={
+                "threads": 1,
+                "memory_limit": memory_limit,
+                "temp_directory": self._tmp.name,
+                # Rows carry their arrival; nothing here depends on the order they are stored
+                # or read in, and keeping it costs memory in every streamed query.
+                "preserve_insertion_order": False,
+            }
+        )
+        # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
+        self.connection.execute("SET TimeZone = 'UTC'")
+        columns = ", ".join(
+            f"{_q(name)} {STAGE_TYPES[spec.type]}" for name, spec in config.columns.items()
+        )
+        self.connection.execute(
+            f"CREATE TABLE fetched ({columns}, {HASH_COLUMN} VARCHAR, {RAW_COLUMN} VARCHAR, "
+            "_arrival BIGINT)"
+        )
+        self.synced_at: datetime | None = None
+
+    def __enter__(self) -> StagedFetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.connection.close()
+        self._tmp.cleanup()
+
+    def append(self, frame: pl.DataFrame, connection: duckdb.DuckDBPyConnection) -> None:
+        """Add one normalized batch (``normalize_batch``'s frame) through ``connection``,
+        this stage's connection or a cursor of it."""
+        connection.register("cw_batch", frame.drop("_bad_value", strict=False).to_arrow())
+        try:
+            connection.execute("INSERT INTO fetched BY NAME SELECT * FROM cw_batch")
+        finally:
+            connection.unregister("cw_batch")
+
+    def keep_newest(self) -> None:
+        """One row per key: an object seen twice in the walk keeps its newest version."""
+        keys = ", ".join(_q(k) for k in self.config.primary_key)
+        duplicates = self.fetch(f"SELECT count(*) - count(DISTINCT ({keys})) FROM fetched")[0][0]
+        if not duplicates:
+            return
+        newest = f"{_q(self.config.updated_at)} DESC NULLS LAST, " if self.config.updated_at else ""
+        self.execute(
+            sql.load("delete_fetched_stale").format(keys=keys, order=f"{newest}_arrival DESC")
+        )
+
+    @property
+    def height(self) -> int:
+        return self.fetch("SELECT count(*) FROM fetched")[0][0]
+
+    def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
+        self.connection.execute(statement, list(params))
+
+    def fetch(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.connection.execute(statement, list(params)).fetchall()
+
+    def arrow(self, statement: str, params: Sequence[Any] = ()) -> pa.Table:
+        """A small result (keys, counts) as one Arrow table."""
+        return self.connection.sql(statement, params=list(params)).to_arrow_table()
+
+    @contextmanager
+    def reader(self, statement: str, params: Sequence[Any] = ()) -> Iterator[pa.RecordBatchReader]:
+        """A result streamed in record batches of ``STREAM_ROWS`` rows, on its own cursor
+        (so the stage can run other statements while it is read)."""
+        with self.connection.cursor() as cursor:
+            yield cursor.sql(statement, params=list(params)).to_arrow_reader(STREAM_ROWS)
+
+    def load(self, name: str, data: pa.RecordBatchReader | pa.Table) -> None:
+        """Store ``data`` (read once, batch by batch) as table ``name``."""
+        self.connection.register("cw_incoming", data)
+        try:
+            self.connection.execute(f"CREATE OR REPLACE TABLE {_q(name)} AS FROM cw_incoming")
+        finally:
+            self.connection.unregister("cw_incoming")
+
+    def frame(self) -> pl.DataFrame:
+        """Every row as one frame in arrival order, in ``normalize``'s layout (for tests and
+        small fetches: it holds the whole fetch)."""
+        table = self.arrow("SELECT * FROM fetched ORDER BY _arrival")
+        frame = pl.from_arrow(table)
+        assert isinstance(frame, pl.DataFrame)
+        return frame.select(
+            *(pl.col(n).cast(POLARS_TYPES[s.type]) for n, s in self.config.columns.items()),
+            HASH_COLUMN,
+            pl.lit(self.synced_at).cast(UTC_MICROS).alias(SYNCED_AT_COLUMN),
+            RAW_COLUMN,
+        )
+
+
+def _q(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
