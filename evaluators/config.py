@@ -32,6 +32,25 @@ class JudgeConfig(_Model):
     timeout: float = Field(default=30.0, gt=0)
     max_retries: int = Field(default=2, ge=0, le=10)
     max_calls_per_run: int = Field(default=50, gt=0)
+    # A daily budget of calls (UTC days), kept in the warehouse's `judge_spend`: beyond it
+    # changes are held, never dropped, and judged once the next day's budget opens.
+    max_calls_per_day: int | None = Field(default=None, gt=0)
+    # USD per million tokens; with them, evaluations report what the judge cost.
+    price_per_mtok_input: float | None = Field(default=None, ge=0)
+    price_per_mtok_output: float | None = Field(default=None, ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """What the tokens cost in USD, or None when no price is configured."""
+        if self.price_per_mtok_input is None and self.price_per_mtok_output is None:
+            return None
+        return round(
+            (
+                prompt_tokens * (self.price_per_mtok_input or 0.0)
+                + completion_tokens * (self.price_per_mtok_output or 0.0)
+            )
+            / 1e6,
+            6,
+        )
 
     def env_vars(self) -> list[str]:
         return [self.api_key_env] if self.api_key_env else []

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -68,8 +68,13 @@ class EvaluationStats:
     judge_errors: int = 0
     # Changes the filter failed on (their values broke it at run time): held, retried each run.
     filter_errors: int = 0
+    # Judgements asked of the model this run (answered or not; retries not counted again),
+    # the HTTP requests they took, and what they cost (None: no price configured).
+    judge_calls: int = 0
+    judge_requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    judge_cost_usd: float | None = None
     duration_s: float = 0.0
     # Empty, or why the judge failed this run: "unreachable at <url>" (no connection), else
     # "unavailable at <url> (<reason>)".
@@ -131,9 +136,9 @@ def evaluate_watch(
     started = time.perf_counter()
     stats = EvaluationStats(watch=watch.name)
     version = condition_version(watch)
-    calls_left = watch.judge.max_calls_per_run if watch.judge else 0
     with wh.transaction():
         ensure_evaluation_tables(wh)
+    calls_left, cap = _call_budget(wh, watch, now().date())
     for name in watch.sources:
         source = sources[name]
         changes = _candidates(wh, watch, source, filters[name])
@@ -152,14 +157,66 @@ def evaluate_watch(
         verdicts: dict[int, _Decision] = {}
         if watch.judge is not None and passed.height:
             assert judge is not None, f"watch {watch.name!r} declares a judge but none was given"
+            before = (calls_left, stats.prompt_tokens, stats.completion_tokens)
             verdicts, calls_left = judge_changes(
-                wh, watch, source, passed, judge, calls_left, stats
+                wh, watch, source, passed, judge, calls_left, stats, cap=cap
             )
+            _record_spend(wh, watch, now().date(), before, calls_left, stats)
         evaluated_at = now()
         evaluations, outbox = _decide(watch, source, changes, verdicts, version, evaluated_at)
         _commit(wh, watch, source, changes, evaluations, outbox, version, evaluated_at, stats)
+    if watch.judge is not None:
+        stats.judge_cost_usd = watch.judge.cost(stats.prompt_tokens, stats.completion_tokens)
     stats.duration_s = round(time.perf_counter() - started, 3)
     return stats
+
+
+def _call_budget(wh: Warehouse, watch: Watch, day: date) -> tuple[int, str]:
+    """Judgements this run may ask for, and what to say when they run out.
+
+    The tighter of the per-run cap and what is left of the day's budget: beyond either,
+    changes are held (never dropped) and judged by a later run.
+    """
+    if watch.judge is None:
+        return 0, ""
+    per_run = watch.judge.max_calls_per_run
+    if watch.judge.max_calls_per_day is None:
+        return per_run, "per-run judge call cap reached"
+    rows = wh.fetch(render("select_judge_spend", wh.dialect), (watch.name, day))
+    left_today = max(0, watch.judge.max_calls_per_day - (rows[0][0] if rows else 0))
+    if left_today < per_run:
+        return left_today, f"daily judge budget of {watch.judge.max_calls_per_day} calls reached"
+    return per_run, "per-run judge call cap reached"
+
+
+def _record_spend(
+    wh: Warehouse,
+    watch: Watch,
+    day: date,
+    before: tuple[int, int, int],
+    calls_left: int,
+    stats: EvaluationStats,
+) -> None:
+    """Add what judging one source's changes spent to the day's ``judge_spend``.
+
+    Its own transaction, right after the calls: the budget must count calls whose changes a
+    later failure leaves unsettled, since the model was asked all the same.
+    """
+    calls = before[0] - calls_left
+    stats.judge_calls += calls
+    if not calls:
+        return
+    with wh.transaction():
+        wh.execute(
+            render("upsert_judge_spend", wh.dialect),
+            (
+                watch.name,
+                day,
+                calls,
+                stats.prompt_tokens - before[1],
+                stats.completion_tokens - before[2],
+            ),
+        )
 
 
 @dataclass
@@ -306,6 +363,8 @@ def judge_changes(
     judge: Judge,
     calls_left: int,
     stats: EvaluationStats,
+    *,
+    cap: str = "per-run judge call cap reached",
 ) -> tuple[dict[int, _Decision], int]:
     """Verdicts for the changes that passed the filter: cached ones first, then the model."""
     config = watch.judge
@@ -349,7 +408,7 @@ def judge_changes(
             continue
         if calls_left <= 0:
             # Over the per-run cap: wait for the next run rather than decide unjudged.
-            decisions[row["change_id"]] = _Decision("held", error="per-run judge call cap reached")
+            decisions[row["change_id"]] = _Decision("held", error=cap)
             continue
         if failures_in_a_row >= _BREAKER:
             # The judge is down: stop spending time on calls that will fail the same way.
@@ -368,6 +427,7 @@ def judge_changes(
                 url=_render(watch.url, _context(watch, source, row, None)) or None,
             )
         )
+        stats.judge_requests += outcome.attempts
         stats.prompt_tokens += outcome.prompt_tokens
         stats.completion_tokens += outcome.completion_tokens
         if outcome.verdict is None:

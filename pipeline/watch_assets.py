@@ -15,6 +15,7 @@ from changewatch.pipeline.resources import JudgeResource, WarehouseResource, war
 from dagster import AssetExecutionContext
 
 __all__ = [
+    "HELD_CHECK",
     "JUDGE_CHECK",
     "NOTIFICATIONS_ASSET",
     "WATCH_TAG",
@@ -28,6 +29,7 @@ __all__ = [
 WATCH_TAG = "changewatch/watch"
 NOTIFICATIONS_ASSET = "notifications"
 JUDGE_CHECK = "judge_available"
+HELD_CHECK = "no_held_changes"
 
 
 def evaluation_asset_name(watch: Watch) -> str:
@@ -54,7 +56,7 @@ def evaluation_asset(
         deps=[dg.AssetKey(source.table) for source in sources.values()],
         kinds={"sql", "python"} | ({"openai"} if watch.judge else set()),
         tags={WATCH_TAG: watch.name},
-        check_specs=_judge_check_specs(watch),
+        check_specs=_check_specs(watch),
         description=(
             watch.description
             or f"Watch {watch.name}: filters the new changes of {', '.join(sources)} with "
@@ -93,22 +95,39 @@ def evaluation_asset(
                 "suppressed_duplicates": stats.suppressed_duplicates,
                 "held": stats.held,
                 "dropped": stats.dropped,
+                "judge_calls": stats.judge_calls,
+                "judge_requests": stats.judge_requests,
                 "prompt_tokens": stats.prompt_tokens,
                 "completion_tokens": stats.completion_tokens,
+                **(
+                    {"judge_cost_usd": dg.MetadataValue.float(stats.judge_cost_usd)}
+                    if stats.judge_cost_usd is not None
+                    else {}
+                ),
                 "duration_s": dg.MetadataValue.float(stats.duration_s),
                 "judge_unavailable": stats.judge_unavailable,
             },
-            check_results=[_judge_check(stats)] if watch.judge else None,
+            check_results=[_held_check(stats)] + ([_judge_check(stats)] if watch.judge else []),
         )
 
     return _evaluate
 
 
-def _judge_check_specs(watch: Watch) -> list[dg.AssetCheckSpec] | None:
+def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
+    held = dg.AssetCheckSpec(
+        HELD_CHECK,
+        asset=evaluation_asset_name(watch),
+        description=(
+            "Fails while changes wait: held because the judge did not answer or a call cap "
+            "or the daily budget was reached, or because the filter failed on their values. "
+            "Each run tries them again."
+        ),
+    )
     if watch.judge is None:
-        return None
+        return [held]
     meanwhile = {"hold": "held", "drop": "dropped", "notify": "notified unjudged"}
     return [
+        held,
         dg.AssetCheckSpec(
             JUDGE_CHECK,
             asset=evaluation_asset_name(watch),
@@ -116,8 +135,22 @@ def _judge_check_specs(watch: Watch) -> list[dg.AssetCheckSpec] | None:
                 f"Warns while the judge ({watch.judge.model}) does not answer; meanwhile changes "
                 f"are {meanwhile[watch.judge.on_unavailable]}."
             ),
-        )
+        ),
     ]
+
+
+def _held_check(stats: EvaluationStats) -> dg.AssetCheckResult:
+    waiting = stats.held + stats.filter_errors
+    return dg.AssetCheckResult(
+        check_name=HELD_CHECK,
+        passed=waiting == 0,
+        metadata={"held": stats.held, "filter_errors": stats.filter_errors},
+        description=(
+            f"{stats.held} change(s) held, {stats.filter_errors} failed the filter's run"
+            if waiting
+            else "nothing waits"
+        ),
+    )
 
 
 def _judge_check(stats: EvaluationStats) -> dg.AssetCheckResult:

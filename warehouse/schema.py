@@ -79,6 +79,7 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
         "create_watch_state",
         "create_evaluations",
         "create_judge_cache",
+        "create_judge_spend",
         "create_outbox",
         "create_deliveries",
     ):

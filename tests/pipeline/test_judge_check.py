@@ -11,9 +11,10 @@ import pytest
 import yaml
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.watch_assets import JUDGE_CHECK
+from changewatch.pipeline.watch_assets import HELD_CHECK, JUDGE_CHECK
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.sources.demo import DemoAPIServer
+from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
 from openai_server import FakeOpenAIServer, label_judge
 from test_cli import run_cli
@@ -34,7 +35,7 @@ def closed_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
 
 
-def write_config(tmp_path: Path, api: DemoAPIServer, llm_url: str) -> Path:
+def write_config(tmp_path: Path, api: DemoAPIServer, llm_url: str, **judge: object) -> Path:
     watch = {
         "name": "review",
         "source": "demo_issues",
@@ -45,6 +46,7 @@ def write_config(tmp_path: Path, api: DemoAPIServer, llm_url: str) -> Path:
             "base_url": llm_url,
             "max_retries": 0,
             "timeout": 5,
+            **judge,
         },
     }
     path = tmp_path / "watches.yaml"
@@ -53,12 +55,12 @@ def write_config(tmp_path: Path, api: DemoAPIServer, llm_url: str) -> Path:
     return path
 
 
-def evaluate(path: Path) -> tuple[dict, dg.AssetCheckEvaluation]:
+def evaluate(path: Path, check_name: str = JUDGE_CHECK) -> tuple[dict, dg.AssetCheckEvaluation]:
     defs = build_definitions(load_config(path))
     assets = [a for a in defs.assets if a.key.to_user_string() in ("issues", "eval_review")]  # type: ignore[union-attr]
     with dg.instance_for_test() as instance:
         result = dg.materialize(assets, resources=defs.resources, instance=instance)
-    [check] = [c for c in result.get_asset_check_evaluations() if c.check_name == JUDGE_CHECK]
+    [check] = [c for c in result.get_asset_check_evaluations() if c.check_name == check_name]
     [meta] = [
         {k: v.value for k, v in e.step_materialization_data.materialization.metadata.items()}
         for e in result.get_asset_materialization_events()
@@ -101,3 +103,41 @@ def test_the_cli_summary_says_the_judge_is_unreachable(
         "eval_review: 40 change(s) read, 40 passed the filter, 0 judged (0 cached), 0 notified, "
         f"0 duplicate(s), 40 held; judge unreachable at {closed_url}: 40 held\n"
     ) in done.stdout
+
+
+def test_a_daily_budget_holds_the_rest_and_the_spend_is_metadata(
+    tmp_path: Path, warehouse_url: str, demo_api: DemoAPIServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    budget = {"max_calls_per_day": 15, "price_per_mtok_input": 0.15, "price_per_mtok_output": 0.6}
+    with FakeOpenAIServer(respond=label_judge("security")) as llm:
+        path = write_config(tmp_path, demo_api, llm.base_url, **budget)
+        meta, check = evaluate(path, HELD_CHECK)
+        # Each answer costs 100 prompt and 20 completion tokens (the fake server's usage).
+        assert (meta["judged"], meta["judge_calls"], meta["held"]) == (15, 15, 25)
+        assert meta["judge_requests"] == 15
+        assert meta["judge_cost_usd"] == pytest.approx(15 * (100 * 0.15 + 20 * 0.6) / 1e6)
+        assert (
+            not check.passed and check.description == "25 change(s) held, 0 failed the filter's run"
+        )
+        with connect(warehouse_url) as wh:
+            reasons = wh.fetch(
+                "SELECT DISTINCT judge_error FROM evaluations WHERE decision = 'held'"
+            )
+            spend = wh.fetch("SELECT calls, prompt_tokens, completion_tokens FROM judge_spend")
+        assert reasons == [("daily judge budget of 15 calls reached",)]
+        assert spend == [(15, 1500, 300)]
+
+        # The same day: the budget is spent, the model is not asked, nothing is dropped.
+        asked = len(llm.requests)
+        meta, check = evaluate(path, HELD_CHECK)
+        assert (meta["judged"], meta["held"], len(llm.requests)) == (0, 25, asked)
+
+        # A bigger budget settles the rest; the check passes again.
+        path = write_config(tmp_path, demo_api, llm.base_url, max_calls_per_day=100)
+        meta, check = evaluate(path, HELD_CHECK)
+    assert (meta["judged"], meta["held"]) == (25, 0)
+    assert "judge_cost_usd" not in meta  # no price configured
+    assert check.passed and check.description == "nothing waits"
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT calls FROM judge_spend") == [(40,)]
