@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import email
 import email.policy
-import os
-import subprocess
-import sys
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -18,18 +15,7 @@ from changewatch.pipeline.config import load_config
 from changewatch.pipeline.watch_assets import digest_partitions
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
-
-
-def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
-    return subprocess.run(
-        [sys.executable, "-m", "changewatch.pipeline.cli", *args],
-        cwd=cwd,
-        env=environ | env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+from test_cli import run_cli
 
 
 def test_digest_days_start_from_the_config_and_end_with_yesterday(tmp_path: Path) -> None:
