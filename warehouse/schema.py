@@ -86,7 +86,10 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
         wh.execute(render(name, wh.dialect))
     _add_missing_columns(wh, "evaluations", {"filter_error": "TEXT"})
     # After the columns it reads: a view over an older evaluations table would lack them.
-    wh.execute(render("create_decisions", wh.dialect))
+    # Created when missing only: every evaluation passes here, and CREATE OR REPLACE rewrites
+    # the view in the catalog each time (a changed definition needs a new check here).
+    if not wh.fetch(render("select_columns_table", wh.dialect), ("decisions",)):
+        wh.execute(render("create_decisions", wh.dialect))
 
 
 def ensure_delivery_tables(wh: Warehouse) -> None:
