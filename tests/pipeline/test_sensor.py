@@ -15,6 +15,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
@@ -223,6 +224,24 @@ def launch_queued(workspace) -> None:
     list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(workspace))
 
 
+@contextmanager
+def daemon_workspace() -> Iterator[tuple[dg.DagsterInstance, object]]:
+    """A test instance with the project's concurrency settings, and a daemon workspace that
+    loads the code location from pipeline/definitions.py as `dagster dev` would."""
+    project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
+    target = PythonFileTarget(
+        python_file=str(REPO / "pipeline" / "definitions.py"),
+        attribute=None,
+        working_directory=str(REPO),
+        location_name="changewatch",
+    )
+    with (
+        dg.instance_for_test(overrides={"concurrency": project["concurrency"]}) as instance,
+        create_test_daemon_workspace_context(target, instance) as workspace,
+    ):
+        yield instance, workspace
+
+
 def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time(
     demo_env, tmp_path, monkeypatch, llm_url
 ):
@@ -235,17 +254,7 @@ def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time
     config = load_config()
     interval_sources = [s for s in config.sources if s.cron is None]
     assert [s.name for s in interval_sources] == ["demo_issues"]
-    project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
-    target = PythonFileTarget(
-        python_file=str(REPO / "pipeline" / "definitions.py"),
-        attribute=None,
-        working_directory=str(REPO),
-        location_name="changewatch",
-    )
-    with (
-        dg.instance_for_test(overrides={"concurrency": project["concurrency"]}) as instance,
-        create_test_daemon_workspace_context(target, instance) as workspace,
-    ):
+    with daemon_workspace() as (instance, workspace):
         # -- first tick of a slot: one queued run per interval source -----------------------------
         slot = sleep_until_slot_start(INTERVAL)
         tick(workspace, time.time())
@@ -346,17 +355,7 @@ def test_demo_config_without_the_demo_api_starts_no_runs_until_its_sensor_is_sta
     monkeypatch.delenv("CHANGEWATCH_DEMO_URL", raising=False)
     monkeypatch.setenv(WAREHOUSE_URL_ENV, f"duckdb:///{tmp_path / 'warehouse.duckdb'}")
     monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm_url)
-    project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
-    target = PythonFileTarget(
-        python_file=str(REPO / "pipeline" / "definitions.py"),
-        attribute=None,
-        working_directory=str(REPO),
-        location_name="changewatch",
-    )
-    with (
-        dg.instance_for_test(overrides={"concurrency": project["concurrency"]}) as instance,
-        create_test_daemon_workspace_context(target, instance) as workspace,
-    ):
+    with daemon_workspace() as (instance, workspace):
         tick(workspace, time.time())
         tick(workspace, time.time() + 31)
         assert instance.get_runs() == []
