@@ -44,6 +44,8 @@ def apprise_text(notification: Notification) -> tuple[str, str]:
     lines.append(f"{n.source} {n.kind} {n.object_key}")
     if n.url:
         lines.append(strip_controls(n.url).strip())
+    if n.feedback:
+        lines.append("\n".join(f"{verdict}: {link}" for verdict, link in n.feedback.items()))
     return title, "\n\n".join(lines)
 
 

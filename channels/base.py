@@ -118,6 +118,9 @@ class Notification:
     created_at: datetime
     # Extra JSON-able data: changed columns, old/new values... Not part of the hash.
     payload: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Signed feedback links ({verdict: url}), added at delivery when `feedback:` is configured;
+    # never stored in the outbox.
+    feedback: dict[str, str] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not self.notification_id:
@@ -128,8 +131,11 @@ class Notification:
             raise ValueError("created_at must be timezone-aware")
 
     def to_json(self) -> dict[str, Any]:
-        """A stable JSON dict: the same notification always gives the same dict."""
-        return {
+        """A stable JSON dict: the same notification always gives the same dict.
+
+        ``feedback`` (the signed links) is there only when the notification carries links.
+        """
+        data: dict[str, Any] = {
             "notification_id": self.notification_id,
             "watch": self.watch,
             "source": self.source,
@@ -143,6 +149,9 @@ class Notification:
             "created_at": jsonable(self.created_at),
             "payload": jsonable(self.payload),
         }
+        if self.feedback:
+            data["feedback"] = dict(self.feedback)
+        return data
 
     def to_json_bytes(self) -> bytes:
         """`to_json()` serialized canonically (sorted keys, compact, UTF-8): stable bytes."""

@@ -16,6 +16,7 @@ __all__ = [
     "ConsoleChannelConfig",
     "DigestConfig",
     "EmailChannelConfig",
+    "FeedbackConfig",
     "FileChannelConfig",
     "WebhookChannelConfig",
 ]
@@ -129,6 +130,25 @@ ChannelConfig = Annotated[
     | AppriseChannelConfig,
     Field(discriminator="type"),
 ]
+
+
+class FeedbackConfig(_Model):
+    """Signed feedback links in notifications, answered by `changewatch feedback-server`."""
+
+    # Where people reach the feedback server (the links start with it).
+    url: str
+    # The HMAC key of the links' signatures, read from this environment variable.
+    secret_env: EnvVarName = "CHANGEWATCH_FEEDBACK_SECRET"
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError(f"feedback url must be http(s), got {value!r}")
+        return value.rstrip("/")
+
+    def env_vars(self) -> list[str]:
+        return [self.secret_env]
 
 
 class DigestConfig(_Model):

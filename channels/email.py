@@ -41,6 +41,10 @@ def _text_part(n: Notification) -> str:
         lines += [strip_controls(n.body).strip(), ""]
     if n.url:
         lines += [strip_controls(n.url).strip(), ""]
+    if n.feedback:
+        lines += ["Was this worth telling you? Say so (opens a page to confirm):"]
+        lines += [f"  {verdict}: {link}" for verdict, link in n.feedback.items()]
+        lines += [""]
     lines += [
         "--",
         f"watch:   {strip_controls(n.watch)}",
@@ -75,6 +79,13 @@ def _html_part(n: Notification) -> str:
         parts.append(f'<p style="white-space:pre-wrap">{e(strip_controls(n.body).strip())}</p>')
     if link:
         parts.append(f'<p><a href="{e(link)}">{e(link)}</a></p>')
+    if n.feedback:
+        links = " &middot; ".join(
+            f'<a href="{e(url)}">{e(verdict)}</a>'
+            for verdict, url in n.feedback.items()
+            if safe_link(url)
+        )
+        parts.append(f"<p>Was this worth telling you? {links}</p>")
     rows = [
         ("watch", n.watch),
         ("source", n.source),

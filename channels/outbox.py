@@ -14,6 +14,7 @@ of two per notification, kept small by small batches for channels that send one 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +24,14 @@ from typing import Any
 import polars as pl
 from changewatch.channels.base import BatchChannel, Channel, DeliveryError, Notification
 from changewatch.channels.build import build_channel
-from changewatch.channels.config import ChannelConfig, DigestConfig, EmailChannelConfig
+from changewatch.channels.config import (
+    ChannelConfig,
+    DigestConfig,
+    EmailChannelConfig,
+    FeedbackConfig,
+)
 from changewatch.channels.digest import DigestItem, build_digest_message, write_digest_files
+from changewatch.channels.feedback import FeedbackLinks, FeedbackSecretMissing
 from changewatch.channels.smtp import send_email
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import ensure_delivery_tables
@@ -97,12 +104,14 @@ def deliver_due(
     policy: DeliveryPolicy | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     build: Callable[[ChannelConfig], Channel] = build_channel,
+    feedback: FeedbackConfig | None = None,
 ) -> DeliveryStats:
     """Send every pending delivery whose time has come; return what happened.
 
     Deliveries go channel by channel, in batches: each batch is claimed in one transaction,
     sent (a channel with ``send_batch`` takes it in one call), and its outcomes recorded in
-    one transaction.
+    one transaction. With ``feedback``, each notification carries its signed feedback links;
+    when their secret is not set, every delivery fails saying so.
     """
     policy = policy or DeliveryPolicy()
     stats = DeliveryStats()
@@ -115,17 +124,26 @@ def deliver_due(
     if due.is_empty():
         return stats
     configured = {c.name: c for c in channels}
+    links: FeedbackLinks | None = None
+    unsigned: DeliveryError | None = None
+    if feedback is not None:
+        try:
+            links = FeedbackLinks(feedback)
+        except FeedbackSecretMissing as missing:
+            # Like a missing channel secret: sending without the links would hide it.
+            unsigned = DeliveryError(str(missing), retryable=False)
     # Channels in the order their first delivery is due; each keeps its deliveries' order.
     for (channel_name,), rows in due.group_by("channel", maintain_order=True):
-        channel: Channel | Exception | None = None
-        if channel_name in configured:
+        channel: Channel | Exception | None = unsigned
+        if channel_name in configured and unsigned is None:
             try:
                 channel = build(configured[channel_name])
             except Exception as failure:  # noqa: BLE001 - counted as each delivery's failure
                 channel = failure
         size = policy.batch_size if isinstance(channel, BatchChannel) else policy.message_batch_size
         for offset in range(0, rows.height, size):
-            _deliver_batch(wh, channel_name, channel, rows.slice(offset, size), policy, now, stats)
+            batch = rows.slice(offset, size)
+            _deliver_batch(wh, channel_name, channel, batch, policy, now, stats, links)
     return stats
 
 
@@ -141,6 +159,7 @@ def _deliver_batch(
     policy: DeliveryPolicy,
     now: Callable[[], datetime],
     stats: DeliveryStats,
+    links: FeedbackLinks | None = None,
 ) -> None:
     """Claim ``batch`` (deliveries to one channel), send it, and record every outcome."""
     # Read before the claim: a notification that cannot be read stops the pass with nothing
@@ -148,6 +167,11 @@ def _deliver_batch(
     with wh.staged("cw_due", batch.select("notification_id")) as stage:
         content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
     by_id = {row["notification_id"]: _notification(row) for row in content.iter_rows(named=True)}
+    if links is not None:
+        # Signed here, at each send, so the outbox never holds a link (or the key).
+        by_id = {
+            i: dataclasses.replace(n, feedback=links.for_notification(i)) for i, n in by_id.items()
+        }
     claimed_at = now()
     with wh.transaction():
         # Claims of concurrent deliverers take turns, so their row locks never deadlock.

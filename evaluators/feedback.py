@@ -12,7 +12,14 @@ from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import ensure_evaluation_tables
 from changewatch.warehouse.statements import render
 
-__all__ = ["RATINGS", "FeedbackError", "examples_yaml", "export_examples", "record_feedback"]
+__all__ = [
+    "RATINGS",
+    "FeedbackError",
+    "UnknownNotification",
+    "examples_yaml",
+    "export_examples",
+    "record_feedback",
+]
 
 Rating = Literal["useful", "noise"]
 RATINGS: tuple[Rating, ...] = ("useful", "noise")
@@ -20,6 +27,10 @@ RATINGS: tuple[Rating, ...] = ("useful", "noise")
 
 class FeedbackError(ValueError):
     """Feedback that cannot be recorded: an unknown notification or rating."""
+
+
+class UnknownNotification(FeedbackError):
+    """No notification with that id is in the outbox."""
 
 
 def _ensure_table(wh: Warehouse) -> None:
@@ -37,7 +48,7 @@ def record_feedback(
     _ensure_table(wh)
     found = wh.fetch(render("select_outbox_notification", wh.dialect), (notification_id,))
     if not found:
-        raise FeedbackError(f"no notification {notification_id!r} in the outbox")
+        raise UnknownNotification(f"no notification {notification_id!r} in the outbox")
     with wh.transaction():
         wh.execute(
             render("upsert_feedback", wh.dialect),

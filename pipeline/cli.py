@@ -139,6 +139,12 @@ def _parser() -> argparse.ArgumentParser:
     feedback.add_argument("rating", choices=("useful", "noise"), help="what it was to you")
     feedback.add_argument("--note", help="why, in a few words")
 
+    server = commands.add_parser(
+        "feedback-server", help="answer the signed feedback links of notifications until Ctrl-C"
+    )
+    server.add_argument("--host", default="127.0.0.1", help="interface (default: 127.0.0.1)")
+    server.add_argument("--port", type=int, default=8090, help="port (default: 8090)")
+
     query = commands.add_parser("sql", help="run one read-only SQL statement on the warehouse")
     query.add_argument("query", help="one SQL statement (the connection refuses writes)")
     query.add_argument(
@@ -238,6 +244,8 @@ def _run(args: argparse.Namespace) -> int:
         return _eval(config, args)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
+    if args.command == "feedback-server":
+        return _feedback_server(config, args.host, args.port)
     return _sync(config, args.sources, silent=args.silent, full=args.full)
 
 
@@ -365,6 +373,31 @@ def _feedback(notification_id: str, rating: str, note: str | None) -> int:
     with connect() as wh:
         watch = record_feedback(wh, notification_id, rating, note)
     print(f"{notification_id} ({watch}): recorded as {rating}")
+    return 0
+
+
+def _feedback_server(config: ChangewatchConfig, host: str, port: int) -> int:
+    import os
+
+    from changewatch.evaluators.feedback_server import FeedbackServer
+    from changewatch.warehouse import DEFAULT_URL, describe_url
+
+    if config.feedback is None:
+        raise UsageError(
+            "no `feedback:` in the watches file: notifications carry no links to answer"
+        )
+    server = FeedbackServer(config.feedback, host=host, port=port)
+    print(
+        f"feedback server on {server.url} for links to {config.feedback.url}, recording in "
+        f"{describe_url(os.environ.get('CHANGEWATCH_WAREHOUSE_URL') or DEFAULT_URL)}",
+        flush=True,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        server.stop()
     return 0
 
 

@@ -16,6 +16,7 @@ from changewatch.channels.config import (
     ChannelConfig,
     DigestConfig,
     EmailChannelConfig,
+    FeedbackConfig,
     FileChannelConfig,
 )
 from changewatch.evaluators.config import Watch
@@ -69,6 +70,8 @@ class ChangewatchConfig(BaseModel):
     watches: list[Watch] = Field(default_factory=list)
     digests: list[DigestConfig] = Field(default_factory=list)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    # Signed feedback links in notifications (off without it).
+    feedback: FeedbackConfig | None = None
 
     @field_validator("version")
     @classmethod
@@ -185,6 +188,13 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
                         f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
                         f"{name} is not set"
                     )
+    # An empty secret would sign links anyone can forge.
+    if config.feedback is not None and not os.environ.get(config.feedback.secret_env, "").strip():
+        loc = ("feedback", "secret_env")
+        problems.append(
+            f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
+            f"{config.feedback.secret_env} (the feedback links' signing secret) is not set"
+        )
     for index, watch in enumerate(config.watches):
         for name in watch.judge.env_vars() if watch.judge else []:
             if name not in os.environ:

@@ -63,6 +63,7 @@ _OWN = (
     "changewatch.evaluators.judge.JudgeConfigError",
     "changewatch.evaluators.evals.EvalError",
     "changewatch.evaluators.feedback.FeedbackError",
+    "changewatch.channels.feedback.FeedbackSecretMissing",
 )
 # user:password@ in any URL.
 _CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):[^@/\s]+@", re.I)

@@ -190,7 +190,7 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
         context: AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
-            stats = deliver_due(wh, config.channels)
+            stats = deliver_due(wh, config.channels, feedback=config.feedback)
         for line in stats.log:
             context.log.info(line)
         return dg.MaterializeResult(metadata=stats.metadata())

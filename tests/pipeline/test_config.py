@@ -27,6 +27,12 @@ REPO = Path(__file__).resolve().parents[2]
         ),
         ("missing_url_env.yaml", 5, "sources[0].base_url", "CW_TEST_SURELY_UNSET_URL is not set"),
         ("bad_column_type.yaml", 10, "sources[0].columns.title.type", "Input should be"),
+        (
+            "missing_feedback_secret.yaml",
+            12,
+            "feedback.secret_env",
+            "CW_TEST_SURELY_UNSET_FEEDBACK_SECRET (the feedback links' signing secret) is not set",
+        ),
     ],
 )
 def test_mistakes_name_file_line_and_key(name: str, line: int, key: str, why: str) -> None:
