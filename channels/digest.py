@@ -58,6 +58,8 @@ class DigestItem:
     created_at: datetime
     object_key: str
     source: str
+    # Signed feedback links ({verdict: url}) when `feedback:` is configured.
+    feedback: dict[str, str] | None = None
 
     @classmethod
     def from_notification(cls, notification: Notification) -> DigestItem:
@@ -71,6 +73,7 @@ class DigestItem:
             created_at=n.created_at,
             object_key=n.object_key,
             source=n.source,
+            feedback=n.feedback,
         )
 
 
@@ -210,6 +213,8 @@ def _render_text(
                 lines += ["  " + line for line in body.splitlines()]
             if item.url:
                 lines.append(f"  {_one_line(item.url)}")
+            for verdict, link in (item.feedback or {}).items():
+                lines.append(f"  {verdict}: {link}")
             lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 
@@ -253,6 +258,13 @@ def _render_html(
             parts.append(f'<small style="color:#555">{e(_meta(item, tz))}</small>')
             if body := _body(item):
                 parts.append(f'<div style="white-space:pre-wrap">{e(body)}</div>')
+            if item.feedback:
+                links = " &middot; ".join(
+                    f'<a href="{e(link)}">{e(verdict)}</a>'
+                    for verdict, link in item.feedback.items()
+                    if safe_link(link)
+                )
+                parts.append(f'<br><small style="color:#555">Worth it? {links}</small>')
             parts.append("</li>")
         parts.append("</ul>")
     parts.append("</body></html>")

@@ -351,6 +351,7 @@ def send_digest_window(
     headings: Mapping[str, str] | None = None,
     partial: bool = False,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    feedback: FeedbackConfig | None = None,
 ) -> DigestResult:
     """Send (and/or write) the digest of ``[window_start, window_end)`` unless already sent.
 
@@ -358,6 +359,8 @@ def send_digest_window(
     would otherwise reach no digest (DigestWindowOpen says so). ``partial`` sends the
     notifications so far without recording the window, whose whole digest still goes out
     once it has ended. ``headings`` name the watches' sections (default: their names).
+    With ``feedback``, each item carries its signed feedback links; when their secret is not
+    set the digest fails saying so, and its window stays unsent.
     """
     sent_at = now()
     if partial:
@@ -369,6 +372,12 @@ def send_digest_window(
             "still to come in it would reach no digest); a partial digest sends the items "
             "so far and leaves it open"
         )
+    links: FeedbackLinks | None = None
+    if feedback is not None:
+        try:
+            links = FeedbackLinks(feedback)
+        except FeedbackSecretMissing as missing:
+            return DigestResult("failed", error=str(missing), partial=partial)
     with wh.transaction():
         ensure_delivery_tables(wh)
     rows = wh.fetch_frame(
@@ -387,7 +396,13 @@ def send_digest_window(
                 render("select_item_count_digests", wh.dialect), (digest.name, window_start)
             )
             return DigestResult("already_sent", items=sent)
-    items = [DigestItem.from_notification(_notification(r)) for r in rows.iter_rows(named=True)]
+    notifications = [_notification(r) for r in rows.iter_rows(named=True)]
+    if links is not None:
+        notifications = [
+            dataclasses.replace(n, feedback=links.for_notification(n.notification_id))
+            for n in notifications
+        ]
+    items = [DigestItem.from_notification(n) for n in notifications]
     sender = channel or EmailChannelConfig.model_validate(
         # No SMTP channel: the message is only written to files, addressed for reading.
         {

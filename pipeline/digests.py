@@ -51,6 +51,7 @@ def send_day(
                 window_end=end,
                 headings=config.headings(digest),
                 partial=True,
+                feedback=config.feedback,
             )
         return result.metadata()
     if end > datetime.now(UTC):

@@ -244,6 +244,7 @@ def digest_asset(
                 window_start=window.start,
                 window_end=window.end,
                 headings=headings,
+                feedback=config.feedback,
             )
         context.log.info(f"digest {digest.name} {context.partition_key}: {result.status}")
         return dg.MaterializeResult(metadata=result.metadata())

@@ -6,23 +6,25 @@ from __future__ import annotations
 import email
 import email.policy
 import html
+import json
 import logging
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import standardwebhooks
-from changewatch.channels.config import FeedbackConfig
+from changewatch.channels.config import DigestConfig, FeedbackConfig
 from changewatch.channels.feedback import feedback_signature, verify_signature
-from changewatch.channels.outbox import deliver_due
+from changewatch.channels.outbox import deliver_due, send_digest_window
 from changewatch.evaluators.feedback import export_examples
 from changewatch.evaluators.feedback_server import FeedbackServer
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from test_outbox import SECRET as WEBHOOK_SECRET
-from test_outbox import mailer, queue_notifications, webhook
+from test_outbox import mailer, queue_notifications, queued_day, webhook
 
 SECRET_ENV = "CW_TEST_FEEDBACK_SECRET"
 SECRET = "fb-s3cret-never-shown-9f2c1e"
@@ -144,6 +146,25 @@ def test_webhook_body_carries_valid_links(
     # The outbox keeps the notification, not its links.
     with connect(url) as wh:
         assert not any("sig=" in row[0] for row in wh.fetch("SELECT payload FROM outbox"))
+
+    # The digest of the same notifications links the same way.
+    digest = DigestConfig(name="daily", watches=[WATCH], output_dir=str(tmp_path / "digests"))
+    start = queued_day(url)
+    with connect(url) as wh:
+        result = send_digest_window(
+            wh,
+            digest,
+            None,
+            window_start=start,
+            window_end=start + timedelta(days=1),
+            partial=True,
+            feedback=feedback_config("https://fb.example/"),
+        )
+    assert (result.status, result.items) == ("written", 2)
+    page = Path(next(f for f in result.files if f.endswith(".html"))).read_text()
+    for request in http_receiver.requests:
+        for link in json.loads(request.body)["feedback"].values():
+            assert f'href="{html.escape(link)}"' in page
 
 
 def test_unset_secret_fails_delivery_naming_the_variable(
