@@ -182,3 +182,19 @@ def test_unset_secret_fails_delivery_naming_the_variable(
     assert (stats.sent, stats.dead, http_receiver.requests) == (0, 1, [])
     assert status == "dead"
     assert f"environment variable {SECRET_ENV} (the signing secret) is not set" in error
+    # A digest fails the same way, before its window is claimed.
+    digest = DigestConfig(name="daily", watches=[WATCH], output_dir=str(tmp_path / "digests"))
+    start = queued_day(url)
+    with connect(url) as wh:
+        result = send_digest_window(
+            wh,
+            digest,
+            None,
+            window_start=start,
+            window_end=start + timedelta(days=1),
+            now=lambda: start + timedelta(days=1, hours=1),
+            feedback=feedback_config("https://x.io"),
+        )
+        assert wh.fetch("SELECT count(*) FROM digests") == [(0,)]
+    assert result.status == "failed" and SECRET_ENV in str(result.error)
+    assert not (tmp_path / "digests").exists()
