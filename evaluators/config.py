@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from changewatch.sources.base import EnvVarName, Identifier
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from changewatch.sources.base import Duration, EnvVarName, Identifier
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["DedupePolicy", "JudgeConfig", "Watch"]
 
@@ -80,6 +80,9 @@ class Watch(_Model):
     # The heading of this watch's section in digests (`title` is each notification's);
     # default: the name made readable, "closed_issues" -> "Closed issues".
     heading: str | None = Field(default=None, min_length=1, max_length=200)
+    # Flap suppression: a notification waits this long after its change was detected, and is
+    # not sent if the object came back to where it was meanwhile (see evaluators/debounce.py).
+    debounce: Duration | None = None
 
     @model_validator(mode="after")
     def _templates_parse(self) -> Watch:
@@ -95,6 +98,13 @@ class Watch(_Model):
                     f"{name} template: {error.message} (line {error.lineno})"
                 ) from None
         return self
+
+    @field_validator("debounce")
+    @classmethod
+    def _debounce_positive(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("debounce must be a positive duration (e.g. '10m')")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -597,6 +597,8 @@ def _decide(
     )
     rows, notifications, contexts = [], [], []
     judge = watch.judge
+    # Debounce: a notification waits until its change is this old (see evaluators/debounce.py).
+    debounce = timedelta(seconds=watch.debounce) if watch.debounce else None
     judged_by = judge_version(judge) if judge else None  # a hash: worked out once, not per row
     for row in changes.filter(pl.col("_passed")).iter_rows(named=True):
         judged = verdicts[row["change_id"]] if judge else _Decision("notify")
@@ -653,6 +655,7 @@ def _decide(
                         sort_keys=True,
                     ),
                     "created_at": evaluated_at,
+                    "due_at": row["detected_at"] + debounce if debounce else None,
                 }
             )
             contexts.append(context)
@@ -668,9 +671,10 @@ def _decide(
         ],
         how="diagonal_relaxed",
     ).select(list(_EVALUATION_SCHEMA))
-    # Changes sharing a key in one run: the first one says it, as it would in runs of its own.
+    # Changes sharing a key in one run: the first one says it, as it would in runs of its own;
+    # with debounce the latest, as a later run would revive it for the latest (see _commit).
     outbox = pl.DataFrame(notifications, schema=_OUTBOX_SCHEMA).unique(
-        "notification_id", keep="first", maintain_order=True
+        "notification_id", keep="last" if debounce else "first", maintain_order=True
     )
     return evaluations, outbox
 
@@ -715,6 +719,7 @@ _OUTBOX_SCHEMA = {
     "summary": pl.String,
     "payload": pl.String,
     "created_at": pl.Datetime("us", "UTC"),
+    "due_at": pl.Datetime("us", "UTC"),
 }
 
 
@@ -743,8 +748,17 @@ def _commit(
                     .to_list()
                 )
                 wh.execute(render("insert_outbox_staged", wh.dialect, stage=stage))
+                if watch.debounce and existing:
+                    existing -= _revive(wh, stage)
             fresh = outbox.filter(~pl.col("notification_id").is_in(list(existing)))
-            deliveries = fresh.select("notification_id", "created_at").join(
+            deliveries = fresh.select(
+                "notification_id",
+                pl.when(pl.col("due_at").is_null())
+                .then(pl.lit("pending"))
+                .otherwise(pl.lit("debounced"))
+                .alias("status"),
+                pl.coalesce("due_at", "created_at").alias("next_attempt_at"),
+            ).join(
                 pl.DataFrame({"channel": watch.channels}, schema={"channel": pl.String}),
                 how="cross",
             )
@@ -768,3 +782,18 @@ def _commit(
             render("upsert_watch_state", wh.dialect),
             (watch.name, source.name, changes.get_column("change_id").max(), version, evaluated_at),
         )
+
+
+def _revive(wh: Warehouse, stage: str) -> set[str]:
+    """Debounced notifications of ``stage`` that a later change takes over; their ids.
+
+    The same key again, from a later change, while nothing of the notification was sent
+    (waiting, or suppressed as a flap): it now stands for that change and waits anew, so the
+    burst is decided on its latest change rather than lost as a duplicate.
+    """
+    revived = {
+        row[0] for row in wh.fetch(render("update_outbox_revive_staged", wh.dialect, stage=stage))
+    }
+    if revived:
+        wh.execute(render("update_deliveries_revive_staged", wh.dialect, stage=stage))
+    return revived

@@ -85,7 +85,24 @@ def _decision(watch: Watch, row: Mapping[str, Any]) -> list[str]:
         )
     else:
         lines.append(f"notified: {row['notification_id']} (dedupe key {row['dedupe_key']})")
+        lines += _debounce(row)
     return lines
+
+
+def _debounce(row: Mapping[str, Any]) -> list[str]:
+    """What the watch's debounce made of a notification: waiting, suppressed, taken over."""
+    if row["debounced_until"] is None:
+        return []
+    if row["notified_change_id"] != row["change_id"]:
+        return [
+            f"taken over by change {row['notified_change_id']} (same key, within the "
+            "debounce): that change's notification speaks for both"
+        ]
+    if row["suppressed"]:
+        return [f"suppressed (debounce): {row['suppressed']}"]
+    if row["delivery_status"] == "debounced":
+        return [f"debounced: waits until {row['debounced_until']} to see if it stays"]
+    return [f"debounce ended {row['debounced_until']}: it stayed, released"]
 
 
 def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
@@ -101,7 +118,8 @@ def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
             + (f" ({changed} changed)" if changed else "")
         )
         out += [f"    {line}" for line in _decision(watch, row)]
-        if row["decision"] == "notify":
+        taken_over = row["decision"] == "notify" and row["notified_change_id"] != change_id
+        if row["decision"] == "notify" and not taken_over:
             for delivery in group.filter(pl.col("channel").is_not_null()).iter_rows(named=True):
                 error = f": {delivery['last_error']}" if delivery["last_error"] else ""
                 out.append(

@@ -10,6 +10,7 @@ from zoneinfo import ZoneInfo
 import dagster as dg
 from changewatch.channels.config import DigestConfig
 from changewatch.channels.outbox import DigestWindowOpen, send_digest_window
+from changewatch.evaluators.debounce import settle_debounced
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.runner import instance, materialize
@@ -43,6 +44,11 @@ def send_day(
     if partial:
         channel = config.channel(digest.channel) if digest.channel else None
         with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:
+            settle_debounced(
+                wh,
+                [config.watch(name) for name in digest.watches],
+                {s.name: s for s in config.sources},
+            )
             result = send_digest_window(
                 wh,
                 digest,

@@ -15,9 +15,12 @@ from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.sources import SourceConfig
 
 __all__ = [
+    "DEBOUNCE_SCHEDULE",
     "DEMO_SENSOR",
     "SYNC_SENSOR",
     "cron_schedule",
+    "debounce_cron",
+    "debounce_schedule",
     "demo_sensor",
     "is_demo_source",
     "sweep_schedule",
@@ -26,6 +29,7 @@ __all__ = [
 ]
 
 SYNC_SENSOR = "sync_due_sources"
+DEBOUNCE_SCHEDULE = "deliver_debounced"
 DEMO_SENSOR = "sync_demo_api"
 # Where `changewatch demo-api` serves by default. The bundled watches.yaml points there when
 # no demo is running, so a source at this address only works while someone serves it.
@@ -146,4 +150,39 @@ def _source_schedule(
         tags={SOURCE_TAG: source.name, **(extra_tags or {})},
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=description,
+    )
+
+
+def debounce_cron(debounces: list[float]) -> str:
+    """How often debounced notifications are settled and sent: a few times per shortest window.
+
+    Every half of the shortest debounce, in whole minutes from 1 to 15: a notification goes
+    out at most that late after its window, whatever the sources' intervals.
+
+    >>> debounce_cron([600.0, 3600.0]), debounce_cron([30.0]), debounce_cron([86400.0])
+    ('*/5 * * * *', '* * * * *', '*/15 * * * *')
+    """
+    step = max(1, min(15, int(min(debounces) // 120)))
+    return "* * * * *" if step == 1 else f"*/{step} * * * *"
+
+
+def debounce_schedule(
+    debounces: list[float], job: dg.UnresolvedAssetJobDefinition
+) -> dg.ScheduleDefinition:
+    """Runs delivery on a clock while watches debounce, since syncs may come rarely.
+
+    From the clock alone, like the sensors: a schedule never opens the warehouse (a DuckDB
+    file admits one process), so it cannot ask whether anything waits; a pass with nothing
+    due settles and sends nothing.
+    """
+    cron = debounce_cron(debounces)
+    return dg.ScheduleDefinition(
+        name=DEBOUNCE_SCHEDULE,
+        cron_schedule=cron,
+        job=job,
+        default_status=dg.DefaultScheduleStatus.RUNNING,
+        description=(
+            f"Settles debounced notifications whose window has ended and delivers them, on "
+            f"cron '{cron}' (UTC): they go out after their window even if no sync runs."
+        ),
     )

@@ -168,8 +168,15 @@ def _judge_check(stats: EvaluationStats) -> dg.AssetCheckResult:
 
 
 def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.AssetsDefinition:
-    """The asset that delivers due notifications to their channels, with retries."""
+    """The asset that delivers due notifications to their channels, with retries.
+
+    Debounced notifications whose window has ended are settled first (released or
+    suppressed), so the pass that releases one also sends it.
+    """
     from changewatch.channels.outbox import deliver_due
+    from changewatch.evaluators.debounce import settle_debounced
+
+    sources = {s.name: s for s in config.sources}
 
     @dg.asset(
         name=NOTIFICATIONS_ASSET,
@@ -190,10 +197,11 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
         context: AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
+            settled = settle_debounced(wh, config.watches, sources)
             stats = deliver_due(wh, config.channels, feedback=config.feedback)
-        for line in stats.log:
+        for line in settled.log + stats.log:
             context.log.info(line)
-        return dg.MaterializeResult(metadata=stats.metadata())
+        return dg.MaterializeResult(metadata=stats.metadata() | settled.metadata())
 
     return _deliver
 
@@ -212,8 +220,11 @@ def digest_asset(
 ) -> dg.AssetsDefinition:
     """A daily-partitioned digest email of the notifications of some watches."""
     from changewatch.channels.outbox import send_digest_window
+    from changewatch.evaluators.debounce import settle_debounced
 
     channel = config.channel(digest.channel) if digest.channel else None
+    watches = [config.watch(name) for name in digest.watches]
+    sources = {s.name: s for s in config.sources}
     headings = config.headings(digest)
 
     @dg.asset(
@@ -237,6 +248,9 @@ def digest_asset(
     ) -> dg.MaterializeResult:
         window = context.partition_time_window
         with warehouse.connect() as wh:
+            # A debounced notification belongs to the window its debounce ended in: settled
+            # first, so the window lists it if it stands and never lists a flap.
+            settle_debounced(wh, watches, sources)
             result = send_digest_window(
                 wh,
                 digest,

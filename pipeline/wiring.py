@@ -12,6 +12,7 @@ from changewatch.pipeline.maintenance import retention_asset, retention_schedule
 from changewatch.pipeline.resources import JudgeResource, warehouse_resource, warehouse_url
 from changewatch.pipeline.sensors import (
     cron_schedule,
+    debounce_schedule,
     demo_sensor,
     is_demo_source,
     sweep_schedule,
@@ -26,7 +27,9 @@ from changewatch.pipeline.watch_assets import (
     notifications_asset,
 )
 
-__all__ = ["build_definitions"]
+__all__ = ["DELIVER_JOB", "build_definitions"]
+
+DELIVER_JOB = "deliver_notifications"
 
 
 def build_definitions(
@@ -86,6 +89,17 @@ def build_definitions(
         _digest_schedule(digest, job)
         for digest, job in zip(config.digests, digest_jobs, strict=True)
     ]
+    delivery_jobs = []
+    debounces = [w.debounce for w in config.watches if w.debounce]
+    if debounces:
+        deliver_job = dg.define_asset_job(
+            DELIVER_JOB,
+            selection=dg.AssetSelection.assets(NOTIFICATIONS_ASSET),
+            executor_def=dg.in_process_executor,
+            description="Settle debounced notifications whose window has ended, and deliver.",
+        )
+        delivery_jobs.append(deliver_job)
+        schedules.append(debounce_schedule(debounces, deliver_job))
     maintenance_jobs = []
     if config.retention.enabled:
         assets.append(retention_asset(config, warehouse_url=url))
@@ -94,7 +108,7 @@ def build_definitions(
         schedules.append(schedule)
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()) + digest_jobs + maintenance_jobs,
+        jobs=list(jobs.values()) + digest_jobs + delivery_jobs + maintenance_jobs,
         sensors=sensors,
         schedules=schedules,
         resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},

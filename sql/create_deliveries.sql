@@ -1,7 +1,9 @@
 -- One row per (notification, channel): the delivery state machine.
 -- pending -> sending -> sent; a failure goes back to pending with a later next_attempt_at,
 -- or to dead after the attempt limit; a send interrupted by a crash becomes dead too
--- (resending could deliver twice, and a notification goes out at most once).
+-- (resending could deliver twice, and a notification goes out at most once). A debounced
+-- notification's deliveries start 'debounced' until next_attempt_at, the end of its window,
+-- then become pending, or 'suppressed' (never sent; last_error says why).
 CREATE TABLE IF NOT EXISTS deliveries (
     notification_id TEXT NOT NULL,
     channel TEXT NOT NULL,

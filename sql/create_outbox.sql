@@ -15,5 +15,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     urgency TEXT NOT NULL,
     summary TEXT,
     payload TEXT NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL
+    created_at TIMESTAMPTZ NOT NULL,
+    -- Debounce (watch `debounce:`): the end of the window the notification waits out, when it
+    -- was settled, and why it was suppressed (NULL: sent as usual).
+    due_at TIMESTAMPTZ,
+    settled_at TIMESTAMPTZ,
+    suppressed TEXT
 )

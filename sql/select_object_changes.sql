@@ -3,7 +3,8 @@
 SELECT c.change_id, c.kind, c.detected_at, c.changed_columns, c.silent, c.held,
        d.evaluated_at, d.passed_filter, d.filter_error, d.decision, d.should_notify,
        d.confidence, d.summary, d.reasoning, d.model, d.cache_hit, d.judge_error,
-       d.notification_id, d.dedupe_key, d.channel, d.delivery_status, d.attempts,
+       d.notification_id, d.dedupe_key, d.notified_change_id, d.debounced_until, d.suppressed,
+       d.channel, d.delivery_status, d.attempts,
        d.delivered_at, d.last_error
 FROM {changes} AS c
 LEFT JOIN decisions AS d

@@ -85,11 +85,22 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
     ):
         wh.execute(render(name, wh.dialect))
     _add_missing_columns(wh, "evaluations", {"filter_error": "TEXT"})
+    _add_missing_columns(wh, "outbox", _OUTBOX_DEBOUNCE)
     # After the columns it reads: a view over an older evaluations table would lack them.
     # Created when missing only: every evaluation passes here, and CREATE OR REPLACE rewrites
-    # the view in the catalog each time (a changed definition needs a new check here).
-    if not wh.fetch(render("select_columns_table", wh.dialect), ("decisions",)):
+    # the view in the catalog each time. A view of an older release lacks the newest column
+    # (`suppressed`, from debounce): it is dropped and created anew.
+    view = {row[0] for row in wh.fetch(render("select_columns_table", wh.dialect), ("decisions",))}
+    if _DECISIONS_NEWEST not in view:
+        if view:
+            wh.execute(render("drop_view_decisions", wh.dialect))
         wh.execute(render("create_decisions", wh.dialect))
+
+
+# Outbox columns added with debounce, for warehouses created before it.
+_OUTBOX_DEBOUNCE = {"due_at": "TIMESTAMPTZ", "settled_at": "TIMESTAMPTZ", "suppressed": "TEXT"}
+# The column the current decisions view added last: a view without it is an older one.
+_DECISIONS_NEWEST = "suppressed"
 
 
 def ensure_delivery_tables(wh: Warehouse) -> None:
@@ -97,6 +108,7 @@ def ensure_delivery_tables(wh: Warehouse) -> None:
     _ddl_lock(wh)
     for name in ("create_outbox", "create_deliveries", "create_digests"):
         wh.execute(render(name, wh.dialect))
+    _add_missing_columns(wh, "outbox", _OUTBOX_DEBOUNCE)
 
 
 def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:

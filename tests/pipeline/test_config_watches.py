@@ -276,3 +276,39 @@ channels: []
         f"{path}:22: watches[0].where: duplicate key 'where' (first at line 21)",
         f"{path}:23: channels: duplicate key 'channels' (first at line 12)",
     ]
+
+
+def test_debounce_is_a_duration_and_brings_a_delivery_schedule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from changewatch.pipeline.sensors import DEBOUNCE_SCHEDULE
+    from changewatch.pipeline.wiring import DELIVER_JOB, build_definitions
+
+    watch = "watches:\n  - name: flappy\n    source: demo_issues\n    debounce: {}\n"
+    for value, why in [("soon", "'soon' is not a duration"), ("0", "must be a positive")]:
+        path = write(tmp_path, watch.format(value))
+        assert f"{path}:21: watches[0].debounce: " in problem(path)
+        assert why in problem(path)
+    config = load_config(write(tmp_path, watch.format("10m")))
+    assert config.watch("flappy").debounce == 600
+    assert not [
+        s
+        for s in build_definitions(load_config(write(tmp_path, watch.format("null"))), environ={})
+        .get_repository_def()
+        .schedule_defs
+        if s.name == DEBOUNCE_SCHEDULE
+    ]
+
+    # Delivery runs on a clock too: debounced notifications go out even if syncs are rare.
+    warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
+    monkeypatch.setenv("CHANGEWATCH_WAREHOUSE_URL", warehouse)
+    defs = build_definitions(config)
+    schedule = defs.resolve_schedule_def(DEBOUNCE_SCHEDULE)
+    assert (schedule.cron_schedule, schedule.job_name) == ("*/5 * * * *", DELIVER_JOB)
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+    job = defs.resolve_job_def(DELIVER_JOB)
+    assert job.asset_layer.executable_asset_keys == {dg.AssetKey("notifications")}
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    [materialization] = result.asset_materializations_for_node("notifications")
+    assert {"debounce_released", "debounce_suppressed", "sent"} <= set(materialization.metadata)
