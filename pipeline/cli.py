@@ -488,9 +488,11 @@ def summarize(asset: str, meta: dict) -> str:
             )
         return line
     if "sent" in meta:
+        suppressed = meta.get("debounce_suppressed")
         return (
             f"{asset}: {meta['sent']} delivered, {meta['retrying']} to retry, "
             f"{meta['dead_lettered']} dead-lettered"
+            + (f", {suppressed} suppressed by debounce" if suppressed else "")
         )
     if "changes_deleted" in meta:
         return (

@@ -12,12 +12,18 @@ WITH waiting AS (
 notified AS (
     SELECT e.object_key, e.change_id, c.detected_at, c.old_hash,
            CASE
+               -- A notification already released ends its burst: what it said was sent.
+               WHEN lag(o.notification_id IS NOT NULL AND o.suppressed IS NULL
+                        AND (o.due_at IS NULL OR o.settled_at IS NOT NULL))
+                    OVER (PARTITION BY e.object_key ORDER BY e.change_id)
+               THEN 1
                WHEN lag(c.detected_at) OVER (PARTITION BY e.object_key ORDER BY e.change_id)
                     >= c.detected_at - CAST($3 AS DOUBLE PRECISION) * INTERVAL '1 second'
                THEN 0 ELSE 1
            END AS opens
     FROM evaluations AS e
     JOIN {changes} AS c ON c.change_id = e.change_id
+    LEFT JOIN outbox AS o ON o.watch = $1 AND o.source = $2 AND o.change_id = e.change_id
     WHERE e.watch = $1 AND e.source = $2 AND e.decision IN ('notify', 'duplicate')
       AND e.object_key IN (SELECT object_key FROM waiting)
 ),

@@ -199,6 +199,21 @@ def test_an_identical_change_after_a_flap_is_decided_on_the_latest(
     assert s.sent() == ["#1 is closed"]
 
 
+def test_a_change_coming_after_its_burst_was_sent_is_news_of_its_own(
+    warehouse_url: str, api: Items, tmp_path: Path
+) -> None:
+    """Closed, and that sent, then reopened within what would have been the window (a late
+    evaluation, say): the reopening is sent, since people were told it was closed."""
+    s = Setup(warehouse_url, api, tmp_path)
+    s.sync(_1="open")
+    closed = s.sync(_1="closed")
+    assert s.deliver(closed + WINDOW + timedelta(seconds=1)) == (1, 0, 1)
+    reopened = s.sync(_1="open")
+    assert reopened < closed + WINDOW
+    assert s.deliver(reopened + WINDOW + timedelta(seconds=1)) == (1, 0, 1)
+    assert s.sent() == ["#1 is closed", "#1 is open"]
+
+
 def _change(s: Setup, key: str, state: str | None) -> int:
     """The id of the last change that left item ``key`` in ``state`` (None: deleted)."""
     with connect(s.url) as wh:
@@ -207,3 +222,28 @@ def _change(s: Setup, key: str, state: str | None) -> int:
             "AND new_state IS NOT DISTINCT FROM $2",
             (key, state),
         )[0][0]
+
+
+def test_a_warehouse_of_an_older_release_gets_the_columns_and_the_new_view(
+    warehouse_url: str,
+) -> None:
+    from changewatch.warehouse.schema import ensure_evaluation_tables
+
+    with connect(warehouse_url) as wh:
+        with wh.transaction():
+            ensure_evaluation_tables(wh)
+        # As a release before debounce left it: no outbox columns, a view without them.
+        with wh.transaction():
+            wh.execute("DROP VIEW decisions")
+            for column in ("due_at", "settled_at", "suppressed"):
+                wh.execute(f"ALTER TABLE outbox DROP COLUMN {column}")
+            wh.execute("CREATE VIEW decisions AS SELECT e.watch, e.change_id FROM evaluations e")
+        with wh.transaction():
+            ensure_evaluation_tables(wh)
+        columns = wh.fetch_frame("SELECT * FROM decisions").columns
+        assert {"suppressed", "debounced_until", "notified_change_id", "delivery_status"} <= set(
+            columns
+        )
+        assert {"due_at", "settled_at", "suppressed"} <= set(
+            wh.fetch_frame("SELECT * FROM outbox").columns
+        )
