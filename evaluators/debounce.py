@@ -74,12 +74,18 @@ def settle_debounced(
     """
     stats = DebounceStats()
     debounced = [w for w in watches if w.debounce]
-    if not debounced:
-        return stats
     with wh.transaction():
         ensure_evaluation_tables(wh)
         ensure_delivery_tables(wh)
     at = now()
+    with wh.transaction():
+        dropped = wh.fetch(
+            render("update_outbox_debounce_dropped", wh.dialect), (at, [w.name for w in debounced])
+        )
+        if dropped:
+            wh.execute(render("update_deliveries_debounce_dropped", wh.dialect))
+            stats.released += len(dropped)
+            stats.log.append(f"{len(dropped)} notification(s) released: no debounce any more")
     for watch in debounced:
         for name in watch.sources:
             _settle(wh, watch, sources[name], at, stats)

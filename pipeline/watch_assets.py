@@ -190,7 +190,8 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
             "Sends every due notification in `outbox` to its channels "
             f"({', '.join(c.name for c in config.channels) or 'none configured'}), recording "
             "each attempt in `deliveries`; failures retry with exponential backoff, then go "
-            "to the dead-letter state."
+            "to the dead-letter state. Debounced notifications whose window has ended are "
+            "released or suppressed first."
         ),
     )
     def _deliver(

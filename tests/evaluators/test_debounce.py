@@ -214,6 +214,17 @@ def test_a_change_coming_after_its_burst_was_sent_is_news_of_its_own(
     assert s.sent() == ["#1 is closed", "#1 is open"]
 
 
+def test_notifications_waiting_when_the_debounce_is_removed_are_released(
+    warehouse_url: str, api: Items, tmp_path: Path
+) -> None:
+    s = Setup(warehouse_url, api, tmp_path)
+    s.sync(_1="open")
+    closed = s.sync(_1="closed")
+    s.watch = s.watch.model_copy(update={"debounce": None})
+    assert s.deliver(closed) == (1, 0, 1)
+    assert s.sent() == ["#1 is closed"]
+
+
 def _change(s: Setup, key: str, state: str | None) -> int:
     """The id of the last change that left item ``key`` in ``state`` (None: deleted)."""
     with connect(s.url) as wh:
