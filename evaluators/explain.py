@@ -118,7 +118,8 @@ def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
             + (f" ({changed} changed)" if changed else "")
         )
         out += [f"    {line}" for line in _decision(watch, row)]
-        taken_over = row["decision"] == "notify" and row["notified_change_id"] != change_id
+        # A debounced notification a later change took over: its deliveries are that change's.
+        taken_over = row["debounced_until"] is not None and row["notified_change_id"] != change_id
         if row["decision"] == "notify" and not taken_over:
             for delivery in group.filter(pl.col("channel").is_not_null()).iter_rows(named=True):
                 error = f": {delivery['last_error']}" if delivery["last_error"] else ""

@@ -197,6 +197,13 @@ def test_an_identical_change_after_a_flap_is_decided_on_the_latest(
     assert s.sent() == ["#1 is closed"]
     assert s.deliver(last + 2 * WINDOW) == (0, 0, 0)
     assert s.sent() == ["#1 is closed"]
+    with connect(warehouse_url) as wh:
+        story = format_explanation(
+            s.watch, "1", explain_object(wh, s.watch, {"items": s.source}, "1")
+        )
+    # The first close tells who took its notification over; the last close shows the delivery.
+    assert f"taken over by change {_change(s, '1', 'closed')}" in story
+    assert story.count("delivery to out: sent") == 1
 
 
 def test_a_change_coming_after_its_burst_was_sent_is_news_of_its_own(
