@@ -157,10 +157,12 @@ def _compare(
             if key in seen:
                 would, reason = False, "duplicate within the replay"
             seen.add(key)
-        sent = row["_actual"] == "notify"
+        # The replay compares decisions; a notification the watch's debounce then suppressed
+        # was decided "notify" but never sent, and the table says so.
+        sent = row["_actual"] == "notify" and not row["_suppressed"]
         # A duplicate then was suppressed because its key had notified already: replaying
         # it as "would send" is no change.
-        notified_then = sent or row["_actual"] == "duplicate"
+        notified_then = row["_actual"] in ("notify", "duplicate")
         if would is None:
             outcome = "undecided"
         elif would == notified_then:

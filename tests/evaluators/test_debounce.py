@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from changewatch.channels.config import DigestConfig, FileChannelConfig
 from changewatch.channels.outbox import deliver_due, send_digest_window
@@ -19,6 +20,7 @@ from changewatch.evaluators.debounce import settle_debounced
 from changewatch.evaluators.evaluate import evaluate_watch
 from changewatch.evaluators.explain import explain_object, format_explanation
 from changewatch.evaluators.filters import compile_filter
+from changewatch.evaluators.replay import replay_watch
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
@@ -179,6 +181,14 @@ def test_a_flap_sends_nothing_and_a_lasting_change_is_sent_once_after_its_window
         )
     assert "suppressed (debounce): flapped back within 10m" in story
     assert [key for key, _ in suppressed] == ["1", "4", "1", "4"]
+
+    # A replay of the same watch compares decisions, and its `sent` column says which
+    # notification actually went out: only the change that stayed.
+    with connect(warehouse_url) as wh:
+        replay = replay_watch(wh, s.watch, {"items": s.source}, since=changed - WINDOW)
+    assert replay.count("same") == replay.changes.height == 5
+    sent = replay.changes.filter(pl.col("sent"))
+    assert sent["object_key"].to_list() == ["2"]
 
 
 def test_an_identical_change_after_a_flap_is_decided_on_the_latest(
