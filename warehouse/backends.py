@@ -245,8 +245,30 @@ class PostgresWarehouse(Warehouse):
     def bulk_load(self, table: str, frame: Rows) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a
         # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
+        key = self._primary_key_if_empty(table)
+        if key is None:
+            self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
+            return True
+        # An empty table (a source's first sync): its primary key is built once after the
+        # COPY, from one sort, instead of by an index insert per row (about a tenth of the
+        # server's work on the COPY). The DDL is part of the transaction: a failed load
+        # leaves the key as it was, and rebuilding it checks the keys are unique.
+        name, definition = key
+        self._cur.execute(f"ALTER TABLE {quote(table)} DROP CONSTRAINT {quote(name)}")
         self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
+        self._cur.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} {definition}")
         return True
+
+    def _primary_key_if_empty(self, table: str) -> tuple[str, str] | None:
+        """The name and definition of ``table``'s primary key, if it holds no row."""
+        self._cur.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = CAST($1 AS regclass) AND contype = 'p' "
+            f"AND NOT EXISTS (SELECT FROM {quote(table)})",
+            (quote(table),),
+        )
+        row = self._cur.fetchone()
+        return (row[0], row[1]) if row else None
 
     def lock(self, key: str) -> None:
         self._cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (key,))

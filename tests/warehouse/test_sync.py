@@ -231,3 +231,44 @@ def test_duckdb_stores_raw_payloads_with_zstd(tmp_path, demo_api: DemoAPIServer)
         assert ("_raw", "ZSTD") in compression and ("title", "ZSTD") not in compression
         payload = wh.fetch("SELECT _raw->>'title' FROM issues WHERE number = 1")
         assert payload == [(demo_api.tracker.get(1)["title"],)]
+
+
+def test_postgres_first_sync_builds_primary_keys_after_the_load(demo_api: DemoAPIServer) -> None:
+    """Into empty tables the primary keys are built once after the COPY (the same keys as
+    before, enforced); a sync into filled tables leaves them alone."""
+    import uuid
+
+    from changewatch.warehouse.schema import ensure_bookkeeping, ensure_source_tables
+
+    schema = f"cw_pk_{uuid.uuid4().hex[:10]}"
+    source = demo_source(demo_api)
+
+    def keys(wh: Any) -> list[tuple[Any, ...]]:
+        return wh.fetch(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), conindid "
+            "FROM pg_constraint WHERE contype = 'p' AND connamespace = $1::regnamespace "
+            "ORDER BY 1",
+            (schema,),
+        )
+
+    try:
+        with connect(f"{PG_URL}?schema={schema}") as wh:
+            with wh.transaction():
+                ensure_bookkeeping(wh)
+                ensure_source_tables(wh, source.config)
+            created = {k[0]: k for k in keys(wh)}
+            run_sync(wh, source)
+            first = {k[0]: k for k in keys(wh)}
+            for name in ("issues", "issues_changes"):
+                # Same name and definition, a new index: built after the rows went in.
+                assert first[name][1:3] == created[name][1:3]
+                assert first[name][3] != created[name][3]
+            assert first["issues"][2] == "PRIMARY KEY (number)"
+            with pytest.raises(Exception, match="duplicate key"), wh.transaction():
+                wh.execute("INSERT INTO issues SELECT * FROM issues WHERE number = 1")
+            demo_api.tracker.mutate(update=2, create=1)
+            assert run_sync(wh, source).changed == 3
+            assert {k[0]: k for k in keys(wh)} == first
+    finally:
+        with connect(PG_URL) as wh, wh.transaction():
+            wh.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
