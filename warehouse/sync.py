@@ -254,7 +254,11 @@ def apply_sync(
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
         cursor_after = _next_cursor(stats.cursor_before, staged, config)
-        if fetched.complete or not previous or previous[0][1] is None:
+        if fetched.complete:
+            # The stage holds every stored key already: no second scan of the table.
+            stored = staged.fetch("SELECT count(*) FROM stored")[0][0]
+            stats.row_count = stored + stats.inserted - stats.deleted
+        elif not previous or previous[0][1] is None:
             stats.row_count = _count(wh, config)
         else:
             stats.row_count = previous[0][1] + stats.inserted - stats.deleted
