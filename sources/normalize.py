@@ -26,6 +26,7 @@ __all__ = [
     "HASH_COLUMN",
     "POLARS_TYPES",
     "RAW_COLUMN",
+    "RAW_HASH_COLUMN",
     "SYNCED_AT_COLUMN",
     "empty_frame",
     "finish_batches",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 RAW_COLUMN = "_raw"
+# Hash of the raw payload: tells a sync whether the stored payload is still upstream's.
+RAW_HASH_COLUMN = "_raw_hash"
 HASH_COLUMN = "_content_hash"
 SYNCED_AT_COLUMN = "_synced_at"
 

@@ -4,6 +4,10 @@ A sync of a million records must not hold a million records in memory: normalize
 appended here as they come, DuckDB keeps at most ``memory_limit`` of them in memory (the rest
 goes to a temporary directory), and the sync reads them back with SQL or as Arrow record
 batches of bounded size.
+
+When the stored keys and hashes are loaded first (``load_stored``, a snapshot sync), a row
+that matches its stored content and payload is kept as key and hashes only: an unchanged
+re-sync stages a few dozen bytes a row, whatever the payloads weigh.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from changewatch.sources.normalize import (
     HASH_COLUMN,
     POLARS_TYPES,
     RAW_COLUMN,
+    RAW_HASH_COLUMN,
     SYNCED_AT_COLUMN,
     UTC_MICROS,
 )
@@ -50,8 +55,9 @@ STAGE_TYPES = {
 
 
 class StagedFetch:
-    """Table ``fetched`` (declared columns, ``_content_hash``, ``_raw``, ``_arrival``) of a
-    private DuckDB, plus whatever tables a sync loads next to it (``load``).
+    """Table ``fetched`` (declared columns, ``_content_hash``, ``_raw``, ``_raw_hash``,
+    ``_arrival``) of a private DuckDB, plus whatever tables a sync loads next to it (``load``),
+    such as ``stored``: the stored keys and hashes.
 
     Close it (or use it as a context manager) to drop the database and its spill files.
     """
@@ -77,9 +83,12 @@ class StagedFetch:
         )
         self.connection.execute(
             f"CREATE TABLE fetched ({columns}, {HASH_COLUMN} VARCHAR, {RAW_COLUMN} VARCHAR, "
-            "_arrival BIGINT)"
+            f"{RAW_HASH_COLUMN} BIGINT, _arrival BIGINT)"
         )
         self.synced_at: datetime | None = None
+        # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
+        self.has_stored = False
+        self._lookup: str | None = None
 
     def __enter__(self) -> StagedFetch:
         return self
@@ -96,9 +105,27 @@ class StagedFetch:
         this stage's connection or a cursor of it."""
         connection.register("cw_batch", frame.drop("_bad_value", strict=False).to_arrow())
         try:
-            connection.execute("INSERT INTO fetched BY NAME SELECT * FROM cw_batch")
+            connection.execute(self._lookup or "INSERT INTO fetched BY NAME SELECT * FROM cw_batch")
         finally:
             connection.unregister("cw_batch")
+
+    def load_stored(self, data: pa.RecordBatchReader | pa.Table) -> None:
+        """Load the stored keys, content and raw hashes (``sql/select_hashes_entity.sql``) as
+        table ``stored``, before any batch: batches appended from now on keep only key and
+        hashes of the rows that match their stored version (``sql/insert_fetched_batch.sql``).
+        """
+        self.load("stored", data)
+        self.has_stored = True
+        if not self.fetch("SELECT EXISTS (FROM stored)")[0][0]:
+            return  # a first sync: every row is new, nothing to look up
+        config = self.config
+        kept = [*config.primary_key, *([config.updated_at] if config.updated_at else [])]
+        slimmed = [c for c in config.columns if c not in kept] + [RAW_COLUMN]
+        self._lookup = sql.load("insert_fetched_batch").format(
+            kept=", ".join(_q(c) for c in kept),
+            slimmed=", ".join(f"CASE WHEN NOT _same THEN {_q(c)} END AS {_q(c)}" for c in slimmed),
+            key_join=" AND ".join(f"s.{_q(k)} = b.{_q(k)}" for k in config.primary_key),
+        )
 
     def keep_newest(self) -> None:
         """One row per key: an object seen twice in the walk keeps its newest version."""

@@ -1,5 +1,5 @@
 -- Evolved columns (payload fields that appeared after the source was declared, not part of
 -- the content hash) are read from the raw payload.
-INSERT INTO {table} ({columns}, _content_hash, _synced_at, _raw{evolved_columns})
-SELECT {select_columns}, _content_hash, _synced_at, CAST(_raw AS JSON){evolved_values}
+INSERT INTO {table} ({columns}, _content_hash, _synced_at, _raw, _raw_hash{evolved_columns})
+SELECT {select_columns}, _content_hash, _synced_at, CAST(_raw AS JSON), _raw_hash{evolved_values}
 FROM {stage}

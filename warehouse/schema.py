@@ -139,6 +139,9 @@ def ensure_source_tables(wh: Warehouse, config: SourceBase) -> list[str]:
     added = _add_missing_columns(
         wh, table, {n: SQL_TYPES[s.type] for n, s in config.columns.items()}
     )
+    # Tables created before payload hashes were stored: NULL means "not known yet", and the
+    # next sync writes every fetched payload (and its hash) once.
+    _add_missing_columns(wh, table, {"_raw_hash": "BIGINT"})
     _add_missing_columns(
         wh,
         changes,

@@ -2,7 +2,9 @@
 
 The fetched rows wait in the sync's stage (a private DuckDB that spills to disk, see
 ``sources.staged``); the stored keys and hashes are streamed in next to them and the diff and
-the change log are SQL there, so memory follows the batch size, not the table's. The write is
+the change log are SQL there, so memory follows the batch size, not the table's. A snapshot
+sync streams them in before the walk, so rows that match their stored version are staged as
+key and hashes only, and only payloads that moved are written back. The write is
 one transaction holding the new rows, the change-log entries, the cursor and the run record,
 streamed in record batches, so a sync either lands whole or not at all and can simply be run
 again.
@@ -20,7 +22,12 @@ import polars as pl
 from changewatch import sql
 from changewatch.sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
 from changewatch.sources.errors import PayloadError
-from changewatch.sources.normalize import HASH_COLUMN, RAW_COLUMN, SYNCED_AT_COLUMN
+from changewatch.sources.normalize import (
+    HASH_COLUMN,
+    RAW_COLUMN,
+    RAW_HASH_COLUMN,
+    SYNCED_AT_COLUMN,
+)
 from changewatch.sources.staged import STAGE_TYPES, StagedFetch
 from changewatch.sources.stream import StreamingNormalizer
 from changewatch.warehouse.backends import Warehouse
@@ -154,6 +161,12 @@ def run_sync(
     try:
         # Pages are normalized on a worker thread while the walk goes on.
         with StreamingNormalizer(config, known_fields=list(known) if known else None) as pages:
+            if full or (config.sync == "snapshot" and config.lists_everything):
+                # The walk lists everything: its stored keys and hashes are needed anyway, and
+                # with them in the stage first, unchanged rows are staged without payload. A
+                # sync committed meanwhile is caught by apply_sync (SyncConflict).
+                with wh.transaction():  # a read: committed at once, no transaction held open
+                    _load_stored(wh, config, pages.stage, complete=True)
             fetched = source.fetch(
                 cursor=None if full else cursor, validators=validators, sink=pages.add
             )
@@ -228,7 +241,8 @@ def apply_sync(
                 f"source {config.name!r}: another sync committed while this one was fetching; "
                 "this one is dropped (the next sync starts from the newer state)"
             )
-        _load_stored(wh, config, staged, complete=fetched.complete)
+        if not staged.has_stored:
+            _load_stored(wh, config, staged, complete=fetched.complete)
         staged.execute(
             sql.load("create_diff_fetched").format(
                 keys=", ".join(f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys),
@@ -279,7 +293,7 @@ def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, comp
     keys = ", ".join(quote(k) for k in config.primary_key)
     if complete:
         query = render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
-        staged.load("stored", wh.fetch_batches(query))
+        staged.load_stored(wh.fetch_batches(query))
         return
     # Incremental: look up only the fetched keys, so cost follows what the API returned.
     with wh.staged("cw_fetched_keys", staged.arrow(f"SELECT {keys} FROM fetched")) as stage:
@@ -366,15 +380,21 @@ def _record_fields(
                 )
             )
         assignments = ", ".join(
-            ["_raw = CAST(s._raw AS JSON)"]
+            ["_raw = CAST(s._raw AS JSON)", "_raw_hash = s._raw_hash"]
             + [
                 f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}"
                 for f, t in become_columns.items()
             ]
         )
         keys = ", ".join(quote(k) for k in config.primary_key)
+        # Rows staged without payload are their stored version, which came from a sync that
+        # recorded every field it saw: they hold none of the new fields.
+        drifted_rows = (
+            f"SELECT {keys}, {RAW_COLUMN}, {RAW_HASH_COLUMN} FROM fetched "
+            f"WHERE {RAW_COLUMN} IS NOT NULL"
+        )
         with (
-            staged.reader(f"SELECT {keys}, {RAW_COLUMN} FROM fetched") as drifted,
+            staged.reader(drifted_rows) as drifted,
             wh.staged("cw_drifted", drifted) as stage,
         ):
             wh.execute(
@@ -396,25 +416,29 @@ def _refresh_raw(
     staged: StagedFetch,
     evolved: dict[str, str],
 ) -> None:
-    """Store the current ``_raw`` (and evolved columns) of fetched rows that did not change.
+    """Store the current ``_raw`` (and evolved columns) of fetched rows that did not change
+    but whose payload did.
 
     The content hash covers declared columns only, so a change to undeclared fields is no
-    change; the stored payload should still be the one upstream has now.
+    change; the stored payload should still be the one upstream has now. Only payloads whose
+    hash differs from the stored one (or is not stored yet) travel to the warehouse.
     """
     keys = config.primary_key
     key_list = ", ".join(f"f.{quote(k)}" for k in keys)
-    same = (
-        f"SELECT {key_list}, f.{RAW_COLUMN} FROM fetched AS f "
-        f"ANTI JOIN diff AS d ON {_key_join(keys, 'f', 'd')}"
+    moved = (
+        f"SELECT {key_list}, f.{RAW_COLUMN}, f.{RAW_HASH_COLUMN} FROM fetched AS f "
+        f"JOIN stored AS s ON {_key_join(keys, 'f', 's')} "
+        f"WHERE f.{HASH_COLUMN} = s.{HASH_COLUMN} "
+        f"AND f.{RAW_HASH_COLUMN} IS DISTINCT FROM s.{RAW_HASH_COLUMN}"
     )
-    if not staged.fetch(f"SELECT EXISTS ({same})")[0][0]:
+    if not staged.fetch(f"SELECT EXISTS ({moved})")[0][0]:
         return
     assignments = ", ".join(
-        ["_raw = CAST(s._raw AS JSON)"]
+        ["_raw = CAST(s._raw AS JSON)", "_raw_hash = s._raw_hash"]
         + [f"{quote(evolved_column(f))} = {_from_raw(f, t, 's._raw')}" for f, t in evolved.items()]
     )
-    # Streamed: on a re-sync this is nearly every fetched row, with its payload.
-    with staged.reader(same) as rows, wh.staged("cw_raw", rows) as stage:
+    # Streamed: once, when the payloads' hashes are not stored yet, this is every fetched row.
+    with staged.reader(moved) as rows, wh.staged("cw_raw", rows) as stage:
         wh.execute(
             render(
                 "update_entity_staged_raw",
@@ -698,7 +722,7 @@ def _record_failure(wh: Warehouse, stats: SyncStats, error: BaseException) -> No
 
 
 # Column names the sync adds to every source table, for readers of the tables.
-BOOKKEEPING_COLUMNS = (HASH_COLUMN, SYNCED_AT_COLUMN, RAW_COLUMN)
+BOOKKEEPING_COLUMNS = (HASH_COLUMN, SYNCED_AT_COLUMN, RAW_COLUMN, RAW_HASH_COLUMN)
 
 
 def held_changes(wh: Warehouse, config: SourceBase) -> int:
