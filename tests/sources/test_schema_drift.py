@@ -172,3 +172,39 @@ def test_raw_follows_undeclared_fields_without_a_change(
         if mode == "evolve":
             assert wh.fetch("SELECT score FROM items WHERE id = 1") == [("2",)]
         assert wh.fetch("SELECT count(*) FROM items_changes") == [(2,)]
+
+
+def test_raw_refresh_writes_only_payloads_that_moved(warehouse_url: str, api: ApiServer) -> None:
+    # A stored payload is written back only when its hash differs from upstream's (or is not
+    # stored yet), so an unchanged re-sync of a big table writes no payloads.
+    records = [{"id": i, "name": n, "note": "x"} for i, n in ((1, "a"), (2, "b"), (3, "c"))]
+    sync(warehouse_url, api, records, "discard")
+    marker = {"marker": True}
+    with connect(warehouse_url) as wh, wh.transaction():
+        assert wh.fetch("SELECT count(*) FROM items WHERE _raw_hash IS NULL") == [(0,)]
+        # Rows 1 and 2 now hold a payload upstream never sent; row 1 keeps the hash of the
+        # payload synced (so the sync takes it for upstream's), row 2's hash is not known.
+        raw = f"CAST('{json.dumps(marker)}' AS JSON)"
+        wh.execute(f"UPDATE items SET _raw = {raw} WHERE id = 1")
+        wh.execute(f"UPDATE items SET _raw = {raw}, _raw_hash = NULL WHERE id = 2")
+    moved = {**records[2], "note": "y"}
+    stats = sync(warehouse_url, api, [*records[:2], moved], "discard")
+    assert (stats.changed, stats.unchanged) == (0, 3)
+    with connect(warehouse_url) as wh:
+        stored = wh.fetch("SELECT id, CAST(_raw AS TEXT) FROM items ORDER BY id")
+        assert {i: json.loads(raw) for i, raw in stored} == {1: marker, 2: records[1], 3: moved}
+        assert wh.fetch("SELECT count(*) FROM items WHERE _raw_hash IS NULL") == [(0,)]
+
+
+def test_a_table_from_before_payload_hashes_gets_them_on_the_next_sync(
+    warehouse_url: str, api: ApiServer
+) -> None:
+    sync(warehouse_url, api, BEFORE, "discard")
+    with connect(warehouse_url) as wh, wh.transaction():
+        wh.execute("ALTER TABLE items DROP COLUMN _raw_hash")
+    stats = sync(warehouse_url, api, AFTER, "discard")
+    assert (stats.changed, stats.columns_added) == (0, ())
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT count(*) FROM items WHERE _raw_hash IS NOT NULL") == [(2,)]
+        raws = wh.fetch("SELECT CAST(_raw AS TEXT) FROM items ORDER BY id")
+        assert [json.loads(raw) for (raw,) in raws] == AFTER
