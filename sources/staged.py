@@ -6,8 +6,8 @@ goes to a temporary directory), and the sync reads them back with SQL or as Arro
 batches of bounded size.
 
 When the stored keys and hashes are loaded first (``load_stored``, a snapshot sync), a row
-that matches its stored content and payload is kept as key and hashes only: an unchanged
-re-sync stages a few dozen bytes a row, whatever the payloads weigh.
+that matches its stored content and payload is kept as key (and updated-at) only, with a NULL
+``_raw``: an unchanged re-sync stages a few dozen bytes a row, whatever the payloads weigh.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class StagedFetch:
     def load_stored(self, data: pa.RecordBatchReader | pa.Table) -> None:
         """Load the stored keys, content and raw hashes (``sql/select_hashes_entity.sql``) as
         table ``stored``, before any batch: batches appended from now on keep only key and
-        hashes of the rows that match their stored version (``sql/insert_fetched_batch.sql``).
+        updated-at of the rows that match their stored version (``sql/insert_fetched_batch.sql``).
         """
         self.load("stored", data)
         self.has_stored = True
@@ -120,7 +120,8 @@ class StagedFetch:
             return  # a first sync: every row is new, nothing to look up
         config = self.config
         kept = [*config.primary_key, *([config.updated_at] if config.updated_at else [])]
-        slimmed = [c for c in config.columns if c not in kept] + [RAW_COLUMN]
+        slimmed = [c for c in config.columns if c not in kept]
+        slimmed += [HASH_COLUMN, RAW_COLUMN, RAW_HASH_COLUMN]
         self._lookup = sql.load("insert_fetched_batch").format(
             kept=", ".join(_q(c) for c in kept),
             slimmed=", ".join(f"CASE WHEN NOT _same THEN {_q(c)} END AS {_q(c)}" for c in slimmed),

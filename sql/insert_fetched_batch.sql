@@ -1,10 +1,10 @@
 -- Stage of a sync (DuckDB, not transpiled). One normalized batch (`cw_batch`) enters the stage,
 -- looked up in `stored` (the stored keys and hashes, loaded before the walk). A row whose
 -- content hash and raw hash are the stored ones keeps only what the sync still reads of it:
--- key, updated-at (the cursor, and which copy of an object seen twice is newest), hashes and
--- arrival. Its other columns and its payload would only fill the stage, and spill, for nothing.
+-- key, updated-at (the cursor, and which copy of an object seen twice is newest) and arrival;
+-- a NULL _raw marks it. The rest would only fill the stage, and spill, for nothing.
 INSERT INTO fetched BY NAME
-SELECT {kept}, {slimmed}, _content_hash, _raw_hash, _arrival
+SELECT {kept}, {slimmed}, _arrival
 FROM (
     SELECT
         b.*,

@@ -4,7 +4,7 @@ The fetched rows wait in the sync's stage (a private DuckDB that spills to disk,
 ``sources.staged``); the stored keys and hashes are streamed in next to them and the diff and
 the change log are SQL there, so memory follows the batch size, not the table's. A snapshot
 sync streams them in before the walk, so rows that match their stored version are staged as
-key and hashes only, and only payloads that moved are written back. The write is
+their key only, and only payloads that moved are written back. The write is
 one transaction holding the new rows, the change-log entries, the cursor and the run record,
 streamed in record batches, so a sync either lands whole or not at all and can simply be run
 again.

@@ -12,7 +12,7 @@ import pytest
 from apiserver import ApiServer, Received, Reply
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
-from changewatch.sources.normalize import normalize_with_fields
+from changewatch.sources.normalize import normalize_batch, normalize_with_fields
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.sources.stream import BATCH_BYTES, MAX_QUEUED, StreamingNormalizer
 from changewatch.warehouse import connect
@@ -77,6 +77,26 @@ def test_batches_give_the_one_pass_result(pages_per_batch: int) -> None:
     assert frame.filter(frame["id"] == 5)["title"].to_list() == ["item 5, edited"]
     assert_frame_equal(frame, whole)
     assert fields == whole_fields
+
+
+def test_rows_that_match_their_stored_version_are_staged_without_payload() -> None:
+    # With the stored keys and hashes loaded first, a row whose content and payload are the
+    # stored ones keeps its key and updated-at only: an unchanged re-sync stages a few bytes
+    # a row, not its payloads. Changed content, a changed undeclared field, a new key: whole.
+    stored = normalize_batch([page(0, 4)], None, source()).frame
+    records = orjson.loads(page(0, 5))
+    records[1]["title"] = "edited"
+    records[2]["note"] = "new"
+    with StreamingNormalizer(source(), batch_bytes=1) as pages:
+        pages.stage.load_stored(stored.select("id", "_content_hash", "_raw_hash").to_arrow())
+        pages.add(orjson.dumps(records), None)
+        staged, _ = pages.finish(FetchResult(documents=[], streamed=1), synced_at=SYNCED_AT)
+        rows = staged.fetch(
+            "SELECT id, _raw IS NOT NULL, title IS NOT NULL, updated_at IS NOT NULL "
+            "FROM fetched ORDER BY id"
+        )
+    whole, slim = (True, True, True), (False, False, True)
+    assert rows == [(0, *slim), (1, *whole), (2, *whole), (3, *slim), (4, *whole)]
 
 
 def test_field_types_come_from_the_first_non_null_value_over_all_batches() -> None:
