@@ -6,8 +6,8 @@ goes to a temporary directory), and the sync reads them back with SQL or as Arro
 batches of bounded size.
 
 When the stored keys and hashes are loaded first (``load_stored``, a snapshot sync), a row
-that matches its stored content and payload is kept as key (and updated-at) only, with a NULL
-``_raw``: an unchanged re-sync stages a few dozen bytes a row, whatever the payloads weigh.
+that matches its stored content and payload goes to table ``seen`` as its key, updated-at and
+arrival only: an unchanged re-sync stages a few dozen bytes a row, whatever the payloads weigh.
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ STAGE_TYPES = {
 
 class StagedFetch:
     """Table ``fetched`` (declared columns, ``_content_hash``, ``_raw``, ``_raw_hash``,
-    ``_arrival``) of a private DuckDB, plus whatever tables a sync loads next to it (``load``),
-    such as ``stored``: the stored keys and hashes.
+    ``_arrival``) of a private DuckDB, table ``seen`` (the rows that match their stored version:
+    key, updated-at, ``_arrival``), view ``walked`` over both (every key the walk met), plus
+    whatever tables a sync loads next to it (``load``), such as ``stored``: the stored keys
+    and hashes.
 
     Close it (or use it as a context manager) to drop the database and its spill files.
     """
@@ -85,10 +87,18 @@ class StagedFetch:
             f"CREATE TABLE fetched ({columns}, {HASH_COLUMN} VARCHAR, {RAW_COLUMN} VARCHAR, "
             f"{RAW_HASH_COLUMN} BIGINT, _arrival BIGINT)"
         )
+        kept = [*config.primary_key, *([config.updated_at] if config.updated_at else [])]
+        self._kept = ", ".join(_q(c) for c in kept)
+        seen = ", ".join(f"{_q(c)} {STAGE_TYPES[config.columns[c].type]}" for c in kept)
+        self.connection.execute(f"CREATE TABLE seen ({seen}, _arrival BIGINT)")
+        self.connection.execute(
+            f"CREATE VIEW walked AS SELECT {self._kept}, _arrival FROM fetched "
+            f"UNION ALL SELECT {self._kept}, _arrival FROM seen"
+        )
         self.synced_at: datetime | None = None
         # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
         self.has_stored = False
-        self._lookup: str | None = None
+        self._lookup: list[str] = []
 
     def __enter__(self) -> StagedFetch:
         return self
@@ -105,43 +115,44 @@ class StagedFetch:
         this stage's connection or a cursor of it."""
         connection.register("cw_batch", frame.drop("_bad_value", strict=False).to_arrow())
         try:
-            connection.execute(self._lookup or "INSERT INTO fetched BY NAME SELECT * FROM cw_batch")
+            for statement in self._lookup or ["INSERT INTO fetched BY NAME FROM cw_batch"]:
+                connection.execute(statement)
         finally:
             connection.unregister("cw_batch")
 
     def load_stored(self, data: pa.RecordBatchReader | pa.Table) -> None:
         """Load the stored keys, content and raw hashes (``sql/select_hashes_entity.sql``) as
-        table ``stored``, before any batch: batches appended from now on keep only key and
-        updated-at of the rows that match their stored version (``sql/insert_fetched_batch.sql``).
+        table ``stored``, before any batch: from now on, the rows of a batch that match their
+        stored version go to ``seen``, the others to ``fetched``.
         """
         self.load("stored", data)
         self.has_stored = True
         if not self.fetch("SELECT EXISTS (FROM stored)")[0][0]:
             return  # a first sync: every row is new, nothing to look up
-        config = self.config
-        kept = [*config.primary_key, *([config.updated_at] if config.updated_at else [])]
-        slimmed = [c for c in config.columns if c not in kept]
-        slimmed += [HASH_COLUMN, RAW_COLUMN, RAW_HASH_COLUMN]
-        self._lookup = sql.load("insert_fetched_batch").format(
-            kept=", ".join(_q(c) for c in kept),
-            slimmed=", ".join(f"CASE WHEN NOT _same THEN {_q(c)} END AS {_q(c)}" for c in slimmed),
-            key_join=" AND ".join(f"s.{_q(k)} = b.{_q(k)}" for k in config.primary_key),
-        )
+        key_join = " AND ".join(f"s.{_q(k)} = b.{_q(k)}" for k in self.config.primary_key)
+        self._lookup = [
+            sql.load("create_matched_batch").format(key_join=key_join),
+            sql.load("insert_seen_batch").format(kept=self._kept),
+            sql.load("insert_fetched_batch"),
+        ]
 
     def keep_newest(self) -> None:
         """One row per key: an object seen twice in the walk keeps its newest version."""
         keys = ", ".join(_q(k) for k in self.config.primary_key)
-        duplicates = self.fetch(f"SELECT count(*) - count(DISTINCT ({keys})) FROM fetched")[0][0]
+        duplicates = self.fetch(f"SELECT count(*) - count(DISTINCT ({keys})) FROM walked")[0][0]
         if not duplicates:
             return
         newest = f"{_q(self.config.updated_at)} DESC NULLS LAST, " if self.config.updated_at else ""
-        self.execute(
-            sql.load("delete_fetched_stale").format(keys=keys, order=f"{newest}_arrival DESC")
-        )
+        for table in ("fetched", "seen"):  # the copies of one object may be in either
+            self.execute(
+                sql.load("delete_fetched_stale").format(
+                    table=table, keys=keys, order=f"{newest}_arrival DESC"
+                )
+            )
 
     @property
     def height(self) -> int:
-        return self.fetch("SELECT count(*) FROM fetched")[0][0]
+        return self.fetch("SELECT count(*) FROM walked")[0][0]
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
         self.connection.execute(statement, list(params))
@@ -171,7 +182,7 @@ class StagedFetch:
     def frame(self) -> pl.DataFrame:
         """Every row as one frame in arrival order, in ``normalize``'s layout (for tests and
         small fetches: it holds the whole fetch)."""
-        table = self.arrow("SELECT * FROM fetched ORDER BY _arrival")
+        table = self.arrow("FROM fetched UNION ALL BY NAME FROM seen ORDER BY _arrival")
         frame = pl.from_arrow(table)
         assert isinstance(frame, pl.DataFrame)
         return frame.select(

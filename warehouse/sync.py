@@ -248,6 +248,7 @@ def apply_sync(
                 keys=", ".join(f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys),
                 join="FULL" if fetched.complete else "LEFT",
                 key_join=_key_join(keys, "f", "s"),
+                seen_join=_key_join(keys, "s", "w"),
             )
         )
         by_kind = dict(staged.fetch("SELECT kind, count(*) FROM diff GROUP BY kind"))
@@ -296,7 +297,7 @@ def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, comp
         staged.load_stored(wh.fetch_batches(query))
         return
     # Incremental: look up only the fetched keys, so cost follows what the API returned.
-    with wh.staged("cw_fetched_keys", staged.arrow(f"SELECT {keys} FROM fetched")) as stage:
+    with wh.staged("cw_fetched_keys", staged.arrow(f"SELECT {keys} FROM walked")) as stage:
         query = render(
             "select_hashes_entity_staged",
             wh.dialect,
@@ -387,12 +388,9 @@ def _record_fields(
             ]
         )
         keys = ", ".join(quote(k) for k in config.primary_key)
-        # Rows staged without payload are their stored version, which came from a sync that
-        # recorded every field it saw: they hold none of the new fields.
-        drifted_rows = (
-            f"SELECT {keys}, {RAW_COLUMN}, {RAW_HASH_COLUMN} FROM fetched "
-            f"WHERE {RAW_COLUMN} IS NOT NULL"
-        )
+        # Rows in `seen` are their stored version, which came from a sync that recorded
+        # every field it saw: they hold none of the new fields.
+        drifted_rows = f"SELECT {keys}, {RAW_COLUMN}, {RAW_HASH_COLUMN} FROM fetched"
         with (
             staged.reader(drifted_rows) as drifted,
             wh.staged("cw_drifted", drifted) as stage,
@@ -674,7 +672,7 @@ def _next_cursor(before: str | None, staged: StagedFetch, config: SourceBase) ->
     """The newest updated-at seen so far: the cursor never moves backwards."""
     if config.updated_at is None:
         return before
-    newest = staged.fetch(f"SELECT max({quote(config.updated_at)}) FROM fetched")[0][0]
+    newest = staged.fetch(f"SELECT max({quote(config.updated_at)}) FROM walked")[0][0]
     if newest is None:
         return before
     candidate = format_cursor(newest)  # type: ignore[arg-type]
