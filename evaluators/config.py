@@ -7,7 +7,10 @@ from typing import Literal
 from changewatch.sources.base import Duration, EnvVarName, Identifier
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["DedupePolicy", "JudgeConfig", "Watch"]
+__all__ = ["LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "Watch"]
+
+# `model: local`: the bundled offline model (the `[local]` extra, evaluators/local_model.py).
+LOCAL_MODEL = "local"
 
 
 class _Model(BaseModel):
@@ -20,6 +23,9 @@ class JudgeConfig(_Model):
     condition: str = Field(min_length=3)
     examples: list[str] = []
     negative_examples: list[str] = []
+    # A model name of the endpoint, or `local`: the bundled model in this process, which needs
+    # neither base_url nor api_key_env and ignores them (so `changewatch eval --model local`
+    # can score any watch offline).
     model: str
     # Any OpenAI-compatible endpoint: OpenAI, Ollama (http://localhost:11434/v1), vLLM,
     # llama.cpp server. None: the openai client's default (OPENAI_BASE_URL or api.openai.com).
@@ -53,6 +59,8 @@ class JudgeConfig(_Model):
         )
 
     def env_vars(self) -> list[str]:
+        if self.model == LOCAL_MODEL:
+            return []
         return [self.api_key_env] if self.api_key_env else []
 
 

@@ -12,6 +12,10 @@ the schema in the prompt), whereas ``Mode.TOOLS`` needs working tool calling (mi
 unreliable for many local models and chat templates) and ``Mode.JSON_SCHEMA`` needs
 ``response_format`` of type ``json_schema`` (unsupported by older Ollama/llama.cpp servers).
 
+``model: local`` takes the same path to a loopback endpoint in this process that serves the
+bundled GGUF model (evaluators/local_model.py); only the mode differs, ``Mode.JSON_SCHEMA``,
+whose schema that endpoint turns into a grammar the model's answer must follow.
+
 Retries. The openai client never retries (``max_retries=0``): one budget of
 ``1 + config.max_retries`` requests per judgement, spent by instructor's retry loop on
 
@@ -47,7 +51,7 @@ from typing import Any, Literal
 import instructor
 import openai
 from changewatch.evaluators import prompts
-from changewatch.evaluators.config import JudgeConfig
+from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
 from instructor.core import (
     AsyncValidationError,
     HookName,
@@ -209,8 +213,20 @@ logging.getLogger("instructor").setLevel(logging.CRITICAL)
 
 
 def build_client(config: JudgeConfig) -> openai.OpenAI:
-    """An openai client for the judge's endpoint; it never retries (see the module doc)."""
-    if config.api_key_env is None:
+    """An openai client for the judge's endpoint; it never retries (see the module doc).
+
+    ``model: local`` is the bundled model on a loopback endpoint of this process, started
+    here on first use (evaluators/local_model.py); ``base_url`` and ``api_key_env`` do not
+    apply to it.
+    """
+    base_url = config.base_url
+    if config.model == LOCAL_MODEL:
+        from changewatch.evaluators import local_model
+
+        if not local_model.available():
+            raise JudgeConfigError(local_model.INSTALL_HINT)
+        base_url, api_key = local_model.base_url(), "unused"
+    elif config.api_key_env is None:
         # Local servers (Ollama, vLLM, llama.cpp) need no key, but the client insists on one.
         api_key = "unused"
     else:
@@ -220,9 +236,7 @@ def build_client(config: JudgeConfig) -> openai.OpenAI:
                 f"environment variable {config.api_key_env} (the judge's API key) is not set"
             )
         _remember_secret(api_key)
-    return openai.OpenAI(
-        base_url=config.base_url, api_key=api_key, timeout=config.timeout, max_retries=0
-    )
+    return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=config.timeout, max_retries=0)
 
 
 def _bullets(items: list[str]) -> str:
@@ -384,8 +398,10 @@ class Judge:
         self.version = judge_version(config)
         self._owns_client = client is None
         self._client = client if client is not None else build_client(config)
-        # See the module doc for why Mode.JSON.
-        self._instructor = instructor.from_openai(self._client, mode=instructor.Mode.JSON)
+        # See the module doc for why Mode.JSON. The local model's endpoint turns a JSON
+        # schema into a grammar, and a model that small needs it to answer in shape.
+        mode = instructor.Mode.JSON_SCHEMA if config.model == LOCAL_MODEL else instructor.Mode.JSON
+        self._instructor = instructor.from_openai(self._client, mode=mode)
         self._system_prompt = render_system_prompt(config)
 
     def __enter__(self) -> Judge:
@@ -406,7 +422,7 @@ class Judge:
     def url(self) -> str:
         """The model server's base URL, without any credentials, for messages.
 
-        >>> from changewatch.evaluators.config import JudgeConfig
+        >>> from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
         >>> config = JudgeConfig(condition="any", model="m", base_url="http://u:pw@h:1/v1/")
         >>> with Judge(config) as judge:
         ...     judge.url

