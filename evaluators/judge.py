@@ -217,15 +217,16 @@ def build_client(config: JudgeConfig) -> openai.OpenAI:
 
     ``model: local`` is the bundled model on a loopback endpoint of this process, started
     here on first use (evaluators/local_model.py); ``base_url`` and ``api_key_env`` do not
-    apply to it.
+    apply to it, and it gets at least ``local_model.MIN_TIMEOUT`` seconds.
     """
-    base_url = config.base_url
+    base_url, timeout = config.base_url, config.timeout
     if config.model == LOCAL_MODEL:
         from changewatch.evaluators import local_model
 
         if not local_model.available():
             raise JudgeConfigError(local_model.INSTALL_HINT)
         base_url, api_key = local_model.base_url(), "unused"
+        timeout = max(timeout, local_model.MIN_TIMEOUT)
     elif config.api_key_env is None:
         # Local servers (Ollama, vLLM, llama.cpp) need no key, but the client insists on one.
         api_key = "unused"
@@ -236,7 +237,7 @@ def build_client(config: JudgeConfig) -> openai.OpenAI:
                 f"environment variable {config.api_key_env} (the judge's API key) is not set"
             )
         _remember_secret(api_key)
-    return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=config.timeout, max_retries=0)
+    return openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=0)
 
 
 def _bullets(items: list[str]) -> str:

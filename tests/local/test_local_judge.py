@@ -1,0 +1,139 @@
+"""The offline judge against the real model: llama.cpp on the bundled SmolLM2-135M-Instruct.
+
+Collected only where the `[local]` extra is installed (tests/conftest.py). What a 135M model
+answers is not asserted, only that its answers have the verdict's shape, are repeated for the
+same change (greedy decoding) and flow through the same paths as a remote model's: the
+evaluation, the verdict cache, replay and the eval harness.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from changewatch.evaluators.config import JudgeConfig
+from changewatch.evaluators.judge import ChangeForJudge, Judge, Verdict
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.warehouse import connect
+from cw_testing import REPO
+from test_cli import evaluations, run_cli
+
+# Where nothing listens: `model: local` must not use the configured endpoint.
+NOWHERE = "http://127.0.0.1:9/v1"
+# A verdict takes seconds of CPU (tens on a busy 2-core machine): CLI runs get time for it.
+SLOW = 900
+
+
+def test_a_local_verdict_has_the_schema_and_repeats() -> None:
+    config = JudgeConfig(
+        condition="The issue reports a security vulnerability.",
+        model="local",
+        base_url=NOWHERE,
+        api_key_env="CW_TEST_UNSET_LLM_KEY",  # the local model needs no key
+    )
+    change = ChangeForJudge(
+        watch="w",
+        source="demo_issues",
+        kind="insert",
+        object_key="7",
+        old=None,
+        new={"title": "SQL injection in the login form", "labels": ["bug"]},
+        changed_columns=None,
+    )
+    with Judge(config) as judge:
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", judge.url), judge.url
+        first, second = judge.evaluate(change), judge.evaluate(change)
+    assert first.error is None and first.verdict is not None, first.error
+    verdict = first.verdict
+    assert Verdict.model_validate(verdict.model_dump()) == verdict
+    assert isinstance(verdict.should_notify, bool) and 0 <= verdict.confidence <= 1
+    assert verdict.reasoning.strip() and verdict.summary.strip()
+    assert (first.model, first.attempts) == ("local", 1)
+    assert first.prompt_tokens > 100 and first.completion_tokens > 5
+    # Temperature 0: the same change, the same verdict and the same tokens.
+    assert second.verdict == verdict
+    assert (second.prompt_tokens, second.completion_tokens) == (
+        first.prompt_tokens,
+        first.completion_tokens,
+    )
+
+
+def test_a_judged_watch_runs_offline_and_its_verdicts_are_cached(tmp_path: Path) -> None:
+    for name in ("watches.yaml", "dagster.yaml"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    with DemoAPIServer(DemoTracker(issues=2, seed=7)) as api:
+        env = {
+            "CHANGEWATCH_DEMO_URL": api.url,
+            "CHANGEWATCH_LLM_MODEL": "local",
+            "CHANGEWATCH_LLM_BASE_URL": NOWHERE,
+            "DAGSTER_HOME": str(tmp_path),
+        }
+        done = run_cli("sync", cwd=tmp_path, timeout=SLOW, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    review = evaluations(done.stdout)["security_review"]
+    # Two new issues, two fresh verdicts, none held.
+    assert (review["passed"], review["judged"], review["cached"], review["held"]) == (2, 2, 0, 0)
+
+    url = f"duckdb:///{tmp_path / '.changewatch' / 'warehouse.duckdb'}"
+    with connect(url) as wh:
+        rows = wh.fetch(
+            "SELECT decision, should_notify, reasoning, confidence, model, cache_hit,"
+            " completion_tokens FROM evaluations WHERE watch = 'security_review'"
+        )
+    assert len(rows) == 2
+    for decision, notify, reasoning, confidence, model, cache_hit, tokens in rows:
+        assert decision in ("notify", "skip") and isinstance(notify, bool)
+        assert reasoning.strip() and 0 <= confidence <= 1
+        assert (model, cache_hit) == ("local", False) and tokens > 0
+
+    # Replaying the same watch judges the same changes again: all from the cache.
+    done = run_cli("replay", "security_review", cwd=tmp_path, timeout=SLOW, **env)
+    assert done.returncode == 0, done.stderr
+    assert ", 2 passed the filter, 2 judged (2 cached); 0 added, 0 dropped, 2 unchanged" in (
+        done.stdout
+    )
+
+    # The eval harness scores the local model like any other.
+    examples = [
+        {"kind": "insert", "new": {"title": "Password reset leaks tokens"}, "expect": "notify"},
+        {"kind": "insert", "new": {"title": "Dark mode colours look wrong"}, "expect": "skip"},
+    ]
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "security_review.yaml").write_text(yaml.safe_dump({"examples": examples}))
+    done = run_cli("eval", "security_review", "--model", "local", cwd=tmp_path, timeout=SLOW, **env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("security_review: 2 example(s) from ")
+    model, count, *_, calls, tokens, latency, unit = lines[2].split()
+    assert (model, count, unit) == ("local", "2", "ms")
+    assert int(calls) >= 2 and int(tokens) > 200 and int(latency) > 0
+
+
+def test_the_demo_judges_with_the_local_model(tmp_path: Path) -> None:
+    args = ("--issues=2", "--create=0", "--update=1", "--delete=0")
+    done = run_cli("demo", *args, cwd=tmp_path, timeout=SLOW)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "judge of security_review: the local model (SmolLM2-135M-Instruct.Q4_1, in this "
+        "process: no key, no network)\n"
+    ) in done.stdout
+    rounds = done.stdout.split("\n== ")[1:4]
+    review = evaluations(rounds[0])["security_review"]
+    assert (review["judged"], review["held"]) == (2, 0)
+    assert "are held" not in done.stdout
+
+
+def test_bench_local_judge_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_local_judge.py", "--changes", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "latency per verdict over 1: p50 " in done.stdout
+    assert "without a verdict: 0 of 2" in done.stdout
