@@ -89,10 +89,11 @@ def test_a_judged_watch_runs_offline_and_its_verdicts_are_cached(tmp_path: Path)
         assert reasoning.strip() and 0 <= confidence <= 1
         assert (model, cache_hit) == ("local", False) and tokens > 0
 
-    # Replaying the same watch judges the same changes again: all from the cache.
+    # Replaying the same watch meets the same changes again: both verdicts come from the
+    # cache, no call goes to the model ("0 judged"), and every decision stays as it was.
     done = run_cli("replay", "security_review", cwd=tmp_path, timeout=SLOW, **env)
     assert done.returncode == 0, done.stderr
-    assert ", 2 passed the filter, 2 judged (2 cached); 0 added, 0 dropped, 2 unchanged" in (
+    assert ", 2 passed the filter, 0 judged (2 cached); 0 added, 0 dropped, 2 unchanged" in (
         done.stdout
     )
 
