@@ -18,7 +18,7 @@ from cw_testing import PG_URL, REPO
 
 # tests/local runs the real local model: only where the `[local]` extra is installed (CI
 # runs it in a venv of its own, `pytest tests/local`), so the README's test command works
-# without a 7-minute llama.cpp build.
+# without a 7-minute llama.cpp build. Named explicitly without the extra, its tests fail.
 collect_ignore = [] if local_model.available() else ["local"]
 
 
