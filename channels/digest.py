@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from changewatch.channels.base import Notification, safe_link, strip_controls
 from changewatch.channels.config import SUBJECT_FIELDS, DigestConfig, EmailChannelConfig
 from changewatch.channels.email import header_text, message_id
+from changewatch.channels.feedback import links_html
 from changewatch.channels.smtp import send_email
 
 __all__ = [
@@ -259,11 +260,7 @@ def _render_html(
             if body := _body(item):
                 parts.append(f'<div style="white-space:pre-wrap">{e(body)}</div>')
             if item.feedback:
-                links = " &middot; ".join(
-                    f'<a href="{e(link)}">{e(verdict)}</a>'
-                    for verdict, link in item.feedback.items()
-                    if safe_link(link)
-                )
+                links = links_html(item.feedback)
                 parts.append(f'<br><small style="color:#555">Worth it? {links}</small>')
             parts.append("</li>")
         parts.append("</ul>")

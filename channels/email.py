@@ -11,6 +11,7 @@ from email.utils import format_datetime
 
 from changewatch.channels.base import Notification, jsonable, safe_link, strip_controls
 from changewatch.channels.config import EmailChannelConfig
+from changewatch.channels.feedback import links_html
 from changewatch.channels.smtp import send_email
 
 __all__ = ["EmailChannel", "build_notification_message", "header_text", "message_id"]
@@ -80,12 +81,7 @@ def _html_part(n: Notification) -> str:
     if link:
         parts.append(f'<p><a href="{e(link)}">{e(link)}</a></p>')
     if n.feedback:
-        links = " &middot; ".join(
-            f'<a href="{e(url)}">{e(verdict)}</a>'
-            for verdict, url in n.feedback.items()
-            if safe_link(url)
-        )
-        parts.append(f"<p>Was this worth telling you? {links}</p>")
+        parts.append(f"<p>Was this worth telling you? {links_html(n.feedback)}</p>")
     rows = [
         ("watch", n.watch),
         ("source", n.source),

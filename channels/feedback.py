@@ -11,9 +11,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import html
 import os
+from collections.abc import Mapping
 from urllib.parse import quote
 
+from changewatch.channels.base import safe_link
 from changewatch.channels.config import FeedbackConfig
 
 __all__ = [
@@ -21,6 +24,7 @@ __all__ = [
     "FeedbackLinks",
     "FeedbackSecretMissing",
     "feedback_key",
+    "links_html",
     "feedback_signature",
     "verify_signature",
 ]
@@ -87,3 +91,12 @@ class FeedbackLinks:
             f"?sig={feedback_signature(self._key, notification_id, verdict)}"
             for verdict in VERDICTS
         }
+
+
+def links_html(links: Mapping[str, str]) -> str:
+    """The links as HTML anchors named by their verdict, for emails and digests."""
+    return " &middot; ".join(
+        f'<a href="{html.escape(url)}">{html.escape(verdict)}</a>'
+        for verdict, url in links.items()
+        if safe_link(url)
+    )
