@@ -22,6 +22,12 @@ from cw_testing import PG_URL, REPO
 collect_ignore = [] if local_model.available() else ["local"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files marked `heavy` first: on two workers taking a file at a time, a file of several
+    minutes started last would leave one worker running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable
+
+
 @pytest.fixture(params=["duckdb", "postgres"])
 def warehouse_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty warehouse URL on each backend."""

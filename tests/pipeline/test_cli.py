@@ -18,6 +18,9 @@ from changewatch.evaluators import local_model
 from changewatch.sources.demo import DemoTracker
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 
+# Minutes of subprocesses: started first (see tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -16,6 +16,9 @@ from changewatch.warehouse import connect
 from openai_server import FakeOpenAIServer, Reply, Request, label_judge
 from test_cli import REPO, run_cli
 
+# Minutes of subprocesses: started first (see tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 security = label_judge("security")
 
 

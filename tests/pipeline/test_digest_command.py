@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
 import yaml
 from changewatch.channels.config import DigestConfig
 from changewatch.pipeline.config import load_config
@@ -16,6 +17,9 @@ from changewatch.pipeline.watch_assets import digest_partitions
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
 from test_cli import run_cli
+
+# Minutes of subprocesses: started first (see tests/conftest.py).
+pytestmark = pytest.mark.heavy
 
 
 def test_digest_days_start_from_the_config_and_end_with_yesterday(tmp_path: Path) -> None:

@@ -38,6 +38,9 @@ from changewatch.warehouse import connect
 from cw_testing import PG_URL, REPO
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
+# Minutes of subprocesses: started first (see tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 SOURCES = [f"tracker_{i}" for i in range(8)]
 BIN = Path(sys.executable).parent
 CHANGEWATCH = BIN / "changewatch"

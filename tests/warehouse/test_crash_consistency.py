@@ -16,8 +16,12 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
+
+# Minutes of subprocesses: started first (see tests/conftest.py).
+pytestmark = pytest.mark.heavy
 
 REPO = Path(__file__).resolve().parents[2]
 ISSUES = 30_000
