@@ -69,6 +69,18 @@ class StagedFetch:
     def __init__(self, config: SourceBase, *, memory_limit: str = MEMORY_LIMIT) -> None:
         self.config = config
         self._tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
+        try:
+            self._create(memory_limit)
+        except BaseException:
+            self.close()  # a half-made stage leaves no database or spill folder behind
+            raise
+        self.synced_at: datetime | None = None
+        # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
+        self.has_stored = False
+        self._lookup: list[str] = []
+
+    def _create(self, memory_limit: str) -> None:
+        config = self.config
         # One thread while the walk goes on (normalization shares the machine with it).
         self.connection = duckdb.connect(
             config={
@@ -97,10 +109,6 @@ class StagedFetch:
             f"CREATE VIEW walked AS SELECT {self._kept}, _arrival FROM fetched "
             f"UNION ALL SELECT {self._kept}, _arrival FROM seen"
         )
-        self.synced_at: datetime | None = None
-        # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
-        self.has_stored = False
-        self._lookup: list[str] = []
 
     def __enter__(self) -> StagedFetch:
         return self
@@ -109,8 +117,12 @@ class StagedFetch:
         self.close()
 
     def close(self) -> None:
-        self.connection.close()
-        self._tmp.cleanup()
+        try:
+            # Absent only when connecting failed.
+            if (connection := getattr(self, "connection", None)) is not None:
+                connection.close()
+        finally:
+            self._tmp.cleanup()
 
     def append(self, frame: pl.DataFrame, connection: duckdb.DuckDBPyConnection) -> None:
         """Add one normalized batch (``normalize_batch``'s frame) through ``connection``,
