@@ -34,8 +34,8 @@ def test_feedback_server_from_the_command_line(tmp_path: Path) -> None:
         wh.execute(
             # Named columns: the table grows (debounce added three nullable ones).
             "INSERT INTO outbox (notification_id, dedupe_key, watch, source, object_key, kind, "
-            "change_id, title, body, url, urgency, summary, payload, created_at) "
-            "VALUES ($1, 'k', 'w', 's', '7', 'insert', 1, 't', 'b', NULL, 'normal', NULL, '{}', $2)",
+            "change_id, title, body, url, urgency, summary, payload, created_at) VALUES "
+            "($1, 'k', 'w', 's', '7', 'insert', 1, 't', 'b', NULL, 'normal', NULL, '{}', $2)",
             (NOTIFICATION, datetime.now(UTC)),
         )
     port = free_port()
