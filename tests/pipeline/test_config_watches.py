@@ -343,7 +343,10 @@ def test_debounce_is_a_duration_and_brings_a_delivery_schedule(
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     job = defs.resolve_job_def(DELIVER_JOB)
     assert job.asset_layer.executable_asset_keys == {dg.AssetKey("notifications")}
-    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral())
+    # Disposed here: an ephemeral instance left to the garbage collector warns about its
+    # temporary folder in whichever test happens to run then.
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance)
     assert result.success
     [materialization] = result.asset_materializations_for_node("notifications")
     assert {"debounce_released", "debounce_suppressed", "sent"} <= set(materialization.metadata)
