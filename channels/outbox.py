@@ -14,7 +14,6 @@ of two per notification, kept small by small batches for channels that send one 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -166,12 +165,9 @@ def _deliver_batch(
     # of this batch claimed, rather than parking the batch as interrupted.
     with wh.staged("cw_due", batch.select("notification_id")) as stage:
         content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
-    by_id = {row["notification_id"]: _notification(row) for row in content.iter_rows(named=True)}
-    if links is not None:
-        # Signed here, at each send, so the outbox never holds a link (or the key).
-        by_id = {
-            i: dataclasses.replace(n, feedback=links.for_notification(i)) for i, n in by_id.items()
-        }
+    by_id = {
+        row["notification_id"]: _notification(row, links) for row in content.iter_rows(named=True)
+    }
     claimed_at = now()
     with wh.transaction():
         # Claims of concurrent deliverers take turns, so their row locks never deadlock.
@@ -299,7 +295,9 @@ def _send(
     return outcomes, times
 
 
-def _notification(row: dict[str, Any]) -> Notification:
+def _notification(row: dict[str, Any], links: FeedbackLinks | None = None) -> Notification:
+    # Links are signed here, at each send, so the outbox never holds a link (or the key).
+    feedback = links.for_notification(row["notification_id"]) if links is not None else None
     return Notification(
         notification_id=row["notification_id"],
         watch=row["watch"],
@@ -313,6 +311,7 @@ def _notification(row: dict[str, Any]) -> Notification:
         summary=row["summary"],
         created_at=row["created_at"],
         payload=json.loads(row["payload"]),
+        feedback=feedback,
     )
 
 
@@ -396,13 +395,9 @@ def send_digest_window(
                 render("select_item_count_digests", wh.dialect), (digest.name, window_start)
             )
             return DigestResult("already_sent", items=sent)
-    notifications = [_notification(r) for r in rows.iter_rows(named=True)]
-    if links is not None:
-        notifications = [
-            dataclasses.replace(n, feedback=links.for_notification(n.notification_id))
-            for n in notifications
-        ]
-    items = [DigestItem.from_notification(n) for n in notifications]
+    items = [
+        DigestItem.from_notification(_notification(r, links)) for r in rows.iter_rows(named=True)
+    ]
     sender = channel or EmailChannelConfig.model_validate(
         # No SMTP channel: the message is only written to files, addressed for reading.
         {
