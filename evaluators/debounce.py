@@ -109,17 +109,16 @@ def _settle(
         due = wh.fetch_frame(statement, (watch.name, source.name, watch.debounce, at))
         if due.is_empty():
             return
-        reasons: list[str | None] = []
-        for row in due.iter_rows(named=True):
-            if row["superseded_by"] is not None:
-                reason = f"superseded by change {row['superseded_by']} within {window}"
-            elif row["state_hash"] == row["base_hash"]:
-                reason = f"flapped back within {window}"
-            else:
-                reason = None
-            reasons.append(reason)
-        settled = due.select("notification_id", "due_at").with_columns(
-            pl.Series("suppressed", reasons, dtype=pl.String),
+        superseded = pl.col("superseded_by").is_not_null()
+        settled = due.select(
+            "notification_id",
+            "due_at",
+            pl.when(superseded)
+            .then(pl.format("superseded by change {} within {}", "superseded_by", pl.lit(window)))
+            .when(pl.col("state_hash").eq_missing(pl.col("base_hash")))
+            .then(pl.lit(f"flapped back within {window}"))
+            .otherwise(pl.lit(None, dtype=pl.String))
+            .alias("suppressed"),
             pl.lit(at).cast(pl.Datetime("us", "UTC")).alias("settled_at"),
         )
         with wh.staged("cw_settle", settled) as stage:
