@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import polars as pl
 import pyarrow as pa
-from changewatch.warehouse.statements import literal, quote
+from changewatch.warehouse.statements import literal, quote, render
 
 __all__ = [
     "DEFAULT_URL",
@@ -37,6 +39,10 @@ MEMORY_LIMIT = "128MB"
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # libpq parameters that carry secrets; never shown.
 _SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
+# How long a first sync's second connection waits for a lock on the source table. It only ever
+# needs a shared one, which the sync's own connection holds too; a wait means someone queued
+# for an exclusive lock behind the sync, which would otherwise wait for the sync forever.
+_LOAD_LOCK_TIMEOUT = "10s"
 
 
 # What can be staged or bulk loaded: a frame, an Arrow table, or Arrow record batches streamed
@@ -105,6 +111,16 @@ class Warehouse(ABC):
         SELECT`` from a staged frame; the caller then writes with SQL. Rows go in frame order.
         """
         return False
+
+    @contextmanager
+    def bulk_load_aside(self, table: str, frame: Rows) -> Iterator[bool]:
+        """Load ``frame`` into the empty ``table`` elsewhere while the ``with`` block runs.
+
+        Yields True when the rows are on their way: they are in ``table``, in this connection's
+        transaction, when the block ends. Yields False (and reads nothing) when the backend
+        cannot, or ``table`` is not empty; the caller then writes the rows itself.
+        """
+        yield False
 
     @abstractmethod
     def lock(self, key: str) -> None:
@@ -203,6 +219,9 @@ class PostgresWarehouse(Warehouse):
     def __init__(self, url: str, *, read_only: bool = False) -> None:
         import adbc_driver_postgresql.dbapi as adbc
 
+        self._url = url  # for a sibling connection; may hold a password, never shown
+        # Work to do once the current transaction has rolled back (see bulk_load_aside).
+        self._on_rollback: list[Callable[[], None]] = []
         uri, schema = _split_schema(url)
         try:
             self._con = adbc.connect(uri)
@@ -259,6 +278,80 @@ class PostgresWarehouse(Warehouse):
         self._cur.execute(f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} {definition}")
         return True
 
+    @contextmanager
+    def bulk_load_aside(self, table: str, frame: Rows) -> Iterator[bool]:
+        # A first sync's table and change log are two COPYs whose cost is the server's CPU,
+        # one backend each: a second connection loads the table into a copy of it while this
+        # one writes the change log, and the copy then takes the table's place in this
+        # transaction. Only a table nothing else refers to can be replaced so.
+        key = self._primary_key_if_empty(table)
+        if key is None or self._drop_blockers(table):
+            yield False
+            return
+        stage = load_table_name(table)
+        # The loader commits the copy: if this transaction fails, even after the swap (which
+        # the rollback undoes), the copy must go too. A killed process leaves it to the next
+        # sync of the source, which drops it first.
+        self._on_rollback.append(lambda: self._drop_load_table(stage))
+        with self.sibling() as loader, ThreadPoolExecutor(1, "changewatch-load") as pool:
+            loading = pool.submit(_load_copy, loader, table, stage, frame)
+            try:
+                yield True
+            except BaseException:
+                with suppress(Exception):
+                    loader.cancel()  # no use finishing a load whose sync failed
+                wait([loading])
+                raise
+            loading.result()  # the loader's error, if any, fails the sync
+        self._swap_in(table, stage, key)
+
+    def _swap_in(self, table: str, stage: str, key: tuple[str, str]) -> None:
+        """Replace the empty ``table`` by the loaded ``stage`` and give it ``key`` back; or,
+        if the table changed during the load, insert the stage's rows into it."""
+        self._cur.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")
+        if self._primary_key_if_empty(table) == key and not self._drop_blockers(table):
+            name, definition = key
+            self._cur.execute(f"DROP TABLE {quote(table)}")
+            self._cur.execute(f"ALTER TABLE {quote(stage)} RENAME TO {quote(table)}")
+            # Built from one sort, and the check that the keys are unique.
+            self._cur.execute(
+                f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} {definition}"
+            )
+            return
+        columns = self.fetch(render("select_columns_table", self.dialect), (stage,))
+        self._cur.execute(
+            render(
+                "insert_entity_load",
+                self.dialect,
+                table=quote(table),
+                stage=quote(stage),
+                columns=", ".join(quote(c) for (c,) in columns),
+            )
+        )
+        self._cur.execute(render("drop_load_entity", self.dialect, stage=quote(stage)))
+
+    def _drop_blockers(self, table: str) -> list[str]:
+        """Why ``table`` cannot be dropped and recreated without loss (empty: it can)."""
+        rows = self.fetch(render("select_drop_blockers_entity", self.dialect), (quote(table),))
+        return [row[0] for row in rows]
+
+    def _drop_load_table(self, stage: str) -> None:
+        # After a rollback: its own small transaction. Best effort, the next sync drops it too.
+        try:
+            self._cur.execute(render("drop_load_entity", self.dialect, stage=quote(stage)))
+            self._con.commit()
+        except Exception:  # noqa: BLE001 - the sync's own error is the one to report
+            with suppress(Exception):
+                self._con.rollback()
+
+    def sibling(self) -> PostgresWarehouse:
+        """A second connection to the same database and schema, with its own transactions."""
+        return PostgresWarehouse(self._url)
+
+    def cancel(self) -> None:
+        """Ask the server to cancel this connection's running statement (from any thread)."""
+        self._con.adbc_cancel()
+
     def _primary_key_if_empty(self, table: str) -> tuple[str, str] | None:
         """The name and definition of ``table``'s primary key, if it holds no row."""
         self._cur.execute(
@@ -278,14 +371,49 @@ class PostgresWarehouse(Warehouse):
         # ADBC connections start with autocommit off: everything until commit is one transaction.
         try:
             yield
+            self._con.commit()
         except BaseException:
-            self._con.rollback()
+            try:
+                self._con.rollback()
+            finally:
+                for undo in self._on_rollback:
+                    undo()
             raise
-        self._con.commit()
+        finally:
+            self._on_rollback.clear()
 
     def close(self) -> None:
         self._cur.close()
         self._con.close()
+
+
+def load_table_name(table: str) -> str:
+    """The table a first sync of ``table`` loads into on its second connection: one per source
+    table, within PostgreSQL's 63 bytes (a long name is cut and told apart by a hash).
+
+    >>> load_table_name("issues")
+    '_cw_load_issues'
+    >>> name = load_table_name("x" * 60); len(name), name[-9:]
+    (63, '_42f2d973')
+    """
+    name = f"_cw_load_{table}"
+    if len(name.encode()) <= 63:
+        return name
+    digest = hashlib.sha256(table.encode()).hexdigest()[:8]
+    head = name.encode()[: 63 - 9].decode(errors="ignore")  # never half a character
+    return f"{head}_{digest}"
+
+
+def _load_copy(loader: PostgresWarehouse, table: str, stage: str, frame: Rows) -> None:
+    """On ``loader`` (a sibling connection, its own thread): replace any leftover ``stage``
+    by an empty copy of ``table``, COPY ``frame`` into it and commit."""
+    with loader.transaction():
+        loader.execute(f"SET LOCAL lock_timeout = '{_LOAD_LOCK_TIMEOUT}'")
+        loader.execute(render("drop_load_entity", loader.dialect, stage=quote(stage)))
+        loader.execute(
+            render("create_load_entity", loader.dialect, stage=quote(stage), table=quote(table))
+        )
+        loader.bulk_load(stage, frame)
 
 
 def _record_batches(frame: Rows) -> pa.Table | pa.RecordBatchReader:

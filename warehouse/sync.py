@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 from changewatch import sql
 from changewatch.sources.base import IDENTIFIER, FetchResult, Source, SourceBase, Validator
 from changewatch.sources.errors import PayloadError
@@ -564,31 +566,53 @@ def _write_changes(
             "CREATE OR REPLACE TABLE old_rows AS "
             f"SELECT {', '.join(quote(c) for c in columns)} FROM fetched LIMIT 0"
         )
-    if stats.inserted or stats.updated:
-        upserts_query = sql.load("select_upserts_fetched").format(
-            columns=", ".join(f"f.{quote(c)}" for c in columns),
-            key_join=_key_join(keys, "f", "d"),
+    if not (stats.inserted or stats.updated):
+        _write_change_log(wh, config, staged, stats, detected_at)
+        return
+    upserts_query = sql.load("select_upserts_fetched").format(
+        columns=", ".join(f"f.{quote(c)}" for c in columns),
+        key_join=_key_join(keys, "f", "d"),
+    )
+    # Inserts only, of typed columns alone: perhaps a first sync, whose table the warehouse may
+    # load on the side while the change log is written here (PostgreSQL: a second backend).
+    aside = not (evolved or stats.updated or stats.deleted)
+    with (
+        staged.reader(upserts_query, [staged.synced_at]) as upserts,
+        wh.bulk_load_aside(config.table, upserts) if aside else nullcontext(False) as loading,
+    ):
+        if not loading:
+            _write_upserts(wh, config, upserts, evolved)
+        _write_change_log(wh, config, staged, stats, detected_at)
+
+
+def _write_upserts(
+    wh: Warehouse, config: SourceBase, upserts: pa.RecordBatchReader, evolved: dict[str, str]
+) -> None:
+    """Append the new rows and new versions of ``upserts`` to the source's table."""
+    columns = list(config.columns)
+    # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
+    if not evolved and wh.bulk_load(config.table, upserts):
+        return
+    with wh.staged("cw_upserts", upserts) as stage:
+        wh.execute(
+            render(
+                "insert_entity_staged",
+                wh.dialect,
+                table=quote(config.table),
+                stage=stage,
+                columns=", ".join(quote(c) for c in columns),
+                select_columns=_select_list(config, columns),
+                evolved_columns="".join(f", {quote(evolved_column(f))}" for f in evolved),
+                evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
+            )
         )
-        with staged.reader(upserts_query, [staged.synced_at]) as upserts:
-            # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
-            if evolved or not wh.bulk_load(config.table, upserts):
-                with wh.staged("cw_upserts", upserts) as stage:
-                    wh.execute(
-                        render(
-                            "insert_entity_staged",
-                            wh.dialect,
-                            table=table,
-                            stage=stage,
-                            columns=", ".join(quote(c) for c in columns),
-                            select_columns=_select_list(config, columns),
-                            evolved_columns="".join(
-                                f", {quote(evolved_column(f))}" for f in evolved
-                            ),
-                            evolved_values="".join(
-                                f", {_from_raw(f, t)}" for f, t in evolved.items()
-                            ),
-                        )
-                    )
+
+
+def _write_change_log(
+    wh: Warehouse, config: SourceBase, staged: StagedFetch, stats: SyncStats, detected_at: datetime
+) -> None:
+    """Append the sync's change-log entries (numbered on from the log's last id)."""
+    columns = list(config.columns)
     change_table = changes_table(config.table)
     change_log = quote(change_table)
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
