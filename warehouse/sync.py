@@ -569,7 +569,11 @@ def _write_changes(
     if not (stats.inserted or stats.updated):
         _write_change_log(wh, config, staged, stats, detected_at)
         return
-    upserts_query = sql.load("select_upserts_fetched").format(
+    every_row_new = not (stats.updated or stats.deleted or stats.unchanged)
+    upserts_query = sql.load(
+        "select_inserts_fetched" if every_row_new else "select_upserts_fetched"
+    )
+    upserts_query = upserts_query.format(
         columns=", ".join(f"f.{quote(c)}" for c in columns),
         key_join=_key_join(keys, "f", "d"),
     )
