@@ -43,16 +43,18 @@ WHERE EXISTS (SELECT FROM pg_attribute WHERE attrelid = t.oid AND attisdropped)
 UNION ALL
 -- Dependents of the table, its row type and that type's array type, but those the copy
 -- recreates: the row types themselves, the TOAST table, column defaults, check constraints
--- and the primary key.
+-- and the primary key. (Looked up by index: a scan of pg_depend costs enough in the planner's
+-- eyes to have the query compiled, which takes longer than running it.)
 SELECT pg_describe_object(d.classid, d.objid, d.objsubid)
-FROM pg_depend AS d, t
-WHERE (
-        (d.refclassid = CAST('pg_class' AS regclass) AND d.refobjid = t.oid)
-        OR (d.refclassid = CAST('pg_type' AS regclass) AND d.refobjid IN (
-            SELECT t.reltype UNION ALL SELECT typarray FROM pg_type WHERE oid = t.reltype
-        ))
-    )
-    AND d.deptype <> 'e'
+FROM t, (
+    SELECT CAST('pg_class' AS regclass) AS classid, oid FROM t
+    UNION ALL
+    SELECT CAST('pg_type' AS regclass), reltype FROM t
+    UNION ALL
+    SELECT CAST('pg_type' AS regclass), typarray FROM pg_type, t WHERE pg_type.oid = t.reltype
+) AS r
+JOIN pg_depend AS d ON d.refclassid = r.classid AND d.refobjid = r.oid
+WHERE d.deptype <> 'e'
     AND NOT (d.classid = CAST('pg_type' AS regclass) AND d.deptype = 'i')
     AND NOT (d.classid = CAST('pg_attrdef' AS regclass))
     AND NOT (d.classid = CAST('pg_class' AS regclass) AND d.objid = t.reltoastrelid)

@@ -288,13 +288,13 @@ class PostgresWarehouse(Warehouse):
         if key is None or self._drop_blockers(table):
             yield False
             return
-        stage = load_table_name(table)
+        stage = _load_name("_cw_load_", table)
         # The loader commits the copy: if this transaction fails, even after the swap (which
         # the rollback undoes), the copy must go too. A killed process leaves it to the next
         # sync of the source, which drops it first.
         self._on_rollback.append(lambda: self._drop_load_table(stage))
         with self.sibling() as loader, ThreadPoolExecutor(1, "changewatch-load") as pool:
-            loading = pool.submit(_load_copy, loader, table, stage, frame)
+            loading = pool.submit(_load_copy, loader, table, stage, key[1], frame)
             try:
                 yield True
             except BaseException:
@@ -310,12 +310,12 @@ class PostgresWarehouse(Warehouse):
         if the table changed during the load, insert the stage's rows into it."""
         self._cur.execute(f"LOCK TABLE {quote(table)} IN ACCESS EXCLUSIVE MODE")
         if self._primary_key_if_empty(table) == key and not self._drop_blockers(table):
-            name, definition = key
             self._cur.execute(f"DROP TABLE {quote(table)}")
             self._cur.execute(f"ALTER TABLE {quote(stage)} RENAME TO {quote(table)}")
-            # Built from one sort, and the check that the keys are unique.
+            # The key the loader built takes the name of the one dropped with the table.
             self._cur.execute(
-                f"ALTER TABLE {quote(table)} ADD CONSTRAINT {quote(name)} {definition}"
+                f"ALTER TABLE {quote(table)} RENAME CONSTRAINT "
+                f"{quote(_load_name('_cw_load_key_', table))} TO {quote(key[0])}"
             )
             return
         columns = self.fetch(render("select_columns_table", self.dialect), (stage,))
@@ -387,16 +387,17 @@ class PostgresWarehouse(Warehouse):
         self._con.close()
 
 
-def load_table_name(table: str) -> str:
-    """The table a first sync of ``table`` loads into on its second connection: one per source
-    table, within PostgreSQL's 63 bytes (a long name is cut and told apart by a hash).
+def _load_name(prefix: str, table: str) -> str:
+    """The name of what a first sync of ``table`` builds on its second connection (the table,
+    its key): one per source table, within PostgreSQL's 63 bytes (a long name is cut and told
+    apart by a hash).
 
-    >>> load_table_name("issues")
+    >>> _load_name("_cw_load_", "issues")
     '_cw_load_issues'
-    >>> name = load_table_name("x" * 60); len(name), name[-9:]
+    >>> name = _load_name("_cw_load_", "x" * 60); len(name), name[-9:]
     (63, '_42f2d973')
     """
-    name = f"_cw_load_{table}"
+    name = f"{prefix}{table}"
     if len(name.encode()) <= 63:
         return name
     digest = hashlib.sha256(table.encode()).hexdigest()[:8]
@@ -404,9 +405,10 @@ def load_table_name(table: str) -> str:
     return f"{head}_{digest}"
 
 
-def _load_copy(loader: PostgresWarehouse, table: str, stage: str, frame: Rows) -> None:
+def _load_copy(loader: PostgresWarehouse, table: str, stage: str, key: str, frame: Rows) -> None:
     """On ``loader`` (a sibling connection, its own thread): replace any leftover ``stage``
-    by an empty copy of ``table``, COPY ``frame`` into it and commit."""
+    by an empty copy of ``table``, COPY ``frame`` into it, give it primary key ``key`` (a
+    definition) and commit."""
     with loader.transaction():
         loader.execute(f"SET LOCAL lock_timeout = '{_LOAD_LOCK_TIMEOUT}'")
         loader.execute(render("drop_load_entity", loader.dialect, stage=quote(stage)))
@@ -414,6 +416,10 @@ def _load_copy(loader: PostgresWarehouse, table: str, stage: str, frame: Rows) -
             render("create_load_entity", loader.dialect, stage=quote(stage), table=quote(table))
         )
         loader.bulk_load(stage, frame)
+        # Built here, from one sort after the COPY and while the change log is still being
+        # written: the check that the keys are unique fails the load, not the swap.
+        name = quote(_load_name("_cw_load_key_", table))
+        loader.execute(f"ALTER TABLE {quote(stage)} ADD CONSTRAINT {name} {key}")
 
 
 def _record_batches(frame: Rows) -> pa.Table | pa.RecordBatchReader:

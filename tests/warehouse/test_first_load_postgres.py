@@ -200,7 +200,7 @@ def table_oid_of(wh: PostgresWarehouse, name: str) -> int:
     return wh.fetch("SELECT $1::regclass::oid", (name,))[0][0]
 
 
-def test_a_duplicate_key_fails_the_swap_and_leaves_the_table_empty(pg_url: str) -> None:
+def test_a_duplicate_key_fails_the_load_and_leaves_the_table_empty(pg_url: str) -> None:
     with connect(pg_url) as wh:
         assert isinstance(wh, PostgresWarehouse)
         items(wh)
