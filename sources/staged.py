@@ -179,11 +179,13 @@ class StagedFetch:
         return self.connection.sql(statement, params=list(params)).to_arrow_table()
 
     @contextmanager
-    def reader(self, statement: str, params: Sequence[Any] = ()) -> Iterator[pa.RecordBatchReader]:
-        """A result streamed in record batches of ``STREAM_ROWS`` rows, on its own cursor
-        (so the stage can run other statements while it is read)."""
+    def reader(
+        self, statement: str, params: Sequence[Any] = (), *, rows: int = STREAM_ROWS
+    ) -> Iterator[pa.RecordBatchReader]:
+        """A result streamed in record batches of ``rows`` rows, on its own cursor (so the
+        stage can run other statements while it is read, from another thread too)."""
         with self.connection.cursor() as cursor:
-            yield cursor.sql(statement, params=list(params)).to_arrow_reader(STREAM_ROWS)
+            yield cursor.sql(statement, params=list(params)).to_arrow_reader(rows)
 
     def load(self, name: str, data: pa.RecordBatchReader | pa.Table) -> None:
         """Store ``data`` (read once, batch by batch) as table ``name``."""

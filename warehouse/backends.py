@@ -58,6 +58,8 @@ class Warehouse(ABC):
     """One connection, used by one thread; every write goes through ``transaction()``."""
 
     dialect: str
+    # Whether bulk_load_aside may load a table on the side (else it never does).
+    loads_aside: bool = False
     # Storage clause for a source table's raw payload column, after its type (backend DDL
     # that portable SQL cannot say).
     raw_storage: str = ""
@@ -118,7 +120,8 @@ class Warehouse(ABC):
 
         Yields True when the rows are on their way: they are in ``table``, in this connection's
         transaction, when the block ends. Yields False (and reads nothing) when the backend
-        cannot, or ``table`` is not empty; the caller then writes the rows itself.
+        cannot, or not into this table (it holds rows, or it cannot be replaced by a copy);
+        the caller then writes the rows itself.
         """
         yield False
 
@@ -215,6 +218,7 @@ class PostgresWarehouse(Warehouse):
     """A PostgreSQL database, reached with ADBC so frames move as Arrow over binary COPY."""
 
     dialect = "postgres"
+    loads_aside = True
 
     def __init__(self, url: str, *, read_only: bool = False) -> None:
         import adbc_driver_postgresql.dbapi as adbc
@@ -315,7 +319,7 @@ class PostgresWarehouse(Warehouse):
             # The key the loader built takes the name of the one dropped with the table.
             self._cur.execute(
                 f"ALTER TABLE {quote(table)} RENAME CONSTRAINT "
-                f"{quote(_load_name('_cw_load_key_', table))} TO {quote(key[0])}"
+                f"{quote(_load_name('_cw_key_', table))} TO {quote(key[0])}"
             )
             return
         columns = self.fetch(render("select_columns_table", self.dialect), (stage,))
@@ -418,7 +422,7 @@ def _load_copy(loader: PostgresWarehouse, table: str, stage: str, key: str, fram
         loader.bulk_load(stage, frame)
         # Built here, from one sort after the COPY and while the change log is still being
         # written: the check that the keys are unique fails the load, not the swap.
-        name = quote(_load_name("_cw_load_key_", table))
+        name = quote(_load_name("_cw_key_", table))
         loader.execute(f"ALTER TABLE {quote(stage)} ADD CONSTRAINT {name} {key}")
 
 

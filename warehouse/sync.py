@@ -30,7 +30,7 @@ from changewatch.sources.normalize import (
     RAW_HASH_COLUMN,
     SYNCED_AT_COLUMN,
 )
-from changewatch.sources.staged import STAGE_TYPES, StagedFetch
+from changewatch.sources.staged import STAGE_TYPES, STREAM_ROWS, StagedFetch
 from changewatch.sources.stream import StreamingNormalizer
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import (
@@ -579,14 +579,18 @@ def _write_changes(
     )
     # Inserts only, of typed columns alone: perhaps a first sync, whose table the warehouse may
     # load on the side while the change log is written here (PostgreSQL: a second backend).
-    aside = not (evolved or stats.updated or stats.deleted)
+    aside = wh.loads_aside and not (evolved or stats.updated or stats.deleted)
+    # Two streams at once get half-size batches each: the rows in flight stay as many.
+    rows = STREAM_ROWS // 2 if aside else STREAM_ROWS
     with (
-        staged.reader(upserts_query, [staged.synced_at]) as upserts,
+        staged.reader(upserts_query, [staged.synced_at], rows=rows) as upserts,
         wh.bulk_load_aside(config.table, upserts) if aside else nullcontext(False) as loading,
     ):
         if not loading:
             _write_upserts(wh, config, upserts, evolved)
-        _write_change_log(wh, config, staged, stats, detected_at)
+        _write_change_log(
+            wh, config, staged, stats, detected_at, rows=rows if loading else STREAM_ROWS
+        )
 
 
 def _write_upserts(
@@ -613,16 +617,23 @@ def _write_upserts(
 
 
 def _write_change_log(
-    wh: Warehouse, config: SourceBase, staged: StagedFetch, stats: SyncStats, detected_at: datetime
+    wh: Warehouse,
+    config: SourceBase,
+    staged: StagedFetch,
+    stats: SyncStats,
+    detected_at: datetime,
+    *,
+    rows: int = STREAM_ROWS,
 ) -> None:
-    """Append the sync's change-log entries (numbered on from the log's last id)."""
+    """Append the sync's change-log entries (numbered on from the log's last id), streamed in
+    batches of ``rows``."""
     columns = list(config.columns)
     change_table = changes_table(config.table)
     change_log = quote(change_table)
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
     params = [first_id, stats.sync_id, detected_at, stats.silent, stats.storm_held]
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    with staged.reader(_change_log_query(config), params) as log:
+    with staged.reader(_change_log_query(config), params, rows=rows) as log:
         if wh.bulk_load(change_table, log):
             return
         with wh.staged("cw_changes", log) as stage:
