@@ -3,14 +3,16 @@
 One columnar pass in an in-memory DuckDB: documents are split into records, every record is
 parsed once against a schema built from the declared columns, values are typed, the content
 hash is computed, and repeated keys are reduced to their newest version. No Python runs per
-record, and the GIL is released while DuckDB works.
+record, and the GIL is released while DuckDB works. A sync's stage, itself a DuckDB, takes the
+rows where they are (``normalize_into``): they never become a frame.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -33,6 +35,7 @@ __all__ = [
     "merge_fields",
     "normalize",
     "normalize_batch",
+    "normalize_into",
     "normalize_with_fields",
     "parse_path",
 ]
@@ -174,6 +177,58 @@ def normalize_batch(
                 connection=con,
             )
     con = connection
+    with _records(con, documents, records_path, config, first_document=first_document):
+        try:
+            typed = _typed(con, config)
+            fields = _payload_fields(con, known_fields)
+        except duckdb.Error as error:
+            raise _locate_bad_document(con, config, error) from None
+    if problem := _bad_record(typed, config):
+        raise problem
+    return Batch(typed, fields)
+
+
+def normalize_into(
+    write: Callable[[str], None],
+    documents: Sequence[bytes],
+    records_path: str | None,
+    config: SourceBase,
+    *,
+    connection: duckdb.DuckDBPyConnection,
+    first_document: int = 0,
+    known_fields: Collection[str] | None = None,
+) -> dict[str, str | None]:
+    """``normalize_batch`` for rows that stay in DuckDB: returns the batch's payload fields.
+
+    ``write`` takes the query of the batch's normalized rows (``normalize_batch``'s columns
+    but ``_bad_value``) and runs it on ``connection``, say into a table. A bad record aborts
+    the query, so nothing of the batch is written; the ``PayloadError`` raised then is the
+    one ``normalize_batch`` raises.
+    """
+    con = connection
+    with _records(con, documents, records_path, config, first_document=first_document):
+        try:
+            write(_checked_statement(config))
+            return _payload_fields(con, known_fields)
+        except duckdb.Error:
+            # Rare, so the slow way: the frame normalize_batch makes tells which record is
+            # bad, in the same words. When none is, the write itself failed.
+            problem = _problem(con, config)
+            if problem is None:
+                raise
+            raise problem from None
+
+
+@contextmanager
+def _records(
+    con: duckdb.DuckDBPyConnection,
+    documents: Sequence[bytes],
+    records_path: str | None,
+    config: SourceBase,
+    *,
+    first_document: int,
+) -> Iterator[None]:
+    """Tables ``documents`` and ``records`` (one row per record) for the block."""
     frame = pl.DataFrame(
         {"doc_index": range(first_document, first_document + len(documents)), "doc": documents},
         schema={"doc_index": pl.Int64, "doc": pl.Binary},
@@ -182,26 +237,46 @@ def normalize_batch(
     con.execute("SET TimeZone = 'UTC'")
     con.register("documents", frame.to_arrow())
     try:
-        con.execute(
-            sql.load("create_records_documents").format(records=_records_expr(records_path))
-        )
-        table = con.sql(_statement(config)).to_arrow_table()
-        fields: dict[str, str | None] = {
-            field: None for (field,) in con.sql(sql.load("select_fields_records")).fetchall()
-        }
-        for field in fields.keys() - set(known_fields or fields):
-            path = "$." + json.dumps(field)
-            found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
-            fields[field] = found[0][0] if found else "NULL"
-    except duckdb.Error as error:
-        raise _locate_bad_document(con, config, error) from None
+        try:
+            con.execute(
+                sql.load("create_records_documents").format(records=_records_expr(records_path))
+            )
+        except duckdb.Error as error:
+            raise _locate_bad_document(con, config, error) from None
+        yield
     finally:
         con.execute("DROP TABLE IF EXISTS records")
         con.unregister("documents")
-    typed = pl.from_arrow(table)
+
+
+def _typed(con: duckdb.DuckDBPyConnection, config: SourceBase) -> pl.DataFrame:
+    """The normalized rows of ``records``, ``_bad_value`` included."""
+    typed = pl.from_arrow(con.sql(_statement(config)).to_arrow_table())
     assert isinstance(typed, pl.DataFrame)
-    _check(typed, config)
-    return Batch(typed, fields)
+    return typed
+
+
+def _payload_fields(
+    con: duckdb.DuckDBPyConnection, known_fields: Collection[str] | None
+) -> dict[str, str | None]:
+    """The top-level fields of ``records``; those not in ``known_fields`` with their type."""
+    fields: dict[str, str | None] = {
+        field: None for (field,) in con.execute(sql.load("select_fields_records")).fetchall()
+    }
+    for field in fields.keys() - set(known_fields or fields):
+        path = "$." + json.dumps(field)
+        found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
+        fields[field] = found[0][0] if found else "NULL"
+    return fields
+
+
+def _problem(con: duckdb.DuckDBPyConnection, config: SourceBase) -> PayloadError | None:
+    """What ``normalize_batch`` raises for the documents of ``records``, if anything."""
+    try:
+        typed = _typed(con, config)
+    except duckdb.Error as error:
+        return _locate_bad_document(con, config, error)
+    return _bad_record(typed, config)
 
 
 def finish_batches(
@@ -318,6 +393,14 @@ def _statement(config: SourceBase) -> str:
     )
 
 
+def _checked_statement(config: SourceBase) -> str:
+    """The normalization query of rows that stay in DuckDB: a bad record aborts it."""
+    return sql.load("select_checked_records").format(
+        normalized=_statement(config),
+        has_key=" AND ".join(f"{_q(key)} IS NOT NULL" for key in config.primary_key),
+    )
+
+
 # When a value typed from its JSON ``text`` (numbers as written, strings unquoted) is exactly
 # that value; json_transform alone would round 3.7 into an integer and read 1 as true. Whole
 # numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not (never rounded),
@@ -410,7 +493,8 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _check(frame: pl.DataFrame, config: SourceBase) -> None:
+def _bad_record(frame: pl.DataFrame, config: SourceBase) -> PayloadError | None:
+    """The error naming the first record with a bad value, else the first with no key."""
     bad = frame.filter(pl.col("_bad_value").is_not_null())
     if bad.height:
         row = bad.sort("_arrival").row(0, named=True)
@@ -419,7 +503,7 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
         key = {
             k: _value_at(row[RAW_COLUMN], _steps(k, config.columns[k])) for k in config.primary_key
         }
-        raise PayloadError(
+        return PayloadError(
             f"source {config.name!r}: {_where(row['_arrival'])} (key {key}): field "
             f"{column!r} value {value!r} is not {_a(config.columns[column].type)} (values are "
             f"never rounded or coerced: fix the data or declare another type; "
@@ -428,10 +512,11 @@ def _check(frame: pl.DataFrame, config: SourceBase) -> None:
     missing = frame.filter(pl.any_horizontal(pl.col(config.primary_key).is_null()))
     if missing.height:
         row = missing.sort("_arrival").row(0, named=True)
-        raise PayloadError(
+        return PayloadError(
             f"source {config.name!r}: {_where(row['_arrival'])} has no primary key "
             f"{config.primary_key} ({missing.height} such records)"
         )
+    return None
 
 
 def _a(column_type: str) -> str:

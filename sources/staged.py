@@ -124,15 +124,20 @@ class StagedFetch:
         finally:
             self._tmp.cleanup()
 
-    def append(self, frame: pl.DataFrame, connection: duckdb.DuckDBPyConnection) -> None:
-        """Add one normalized batch (``normalize_batch``'s frame) through ``connection``,
-        this stage's connection or a cursor of it."""
-        connection.register("cw_batch", frame.drop("_bad_value", strict=False).to_arrow())
+    def insert(self, rows: str, connection: duckdb.DuckDBPyConnection) -> None:
+        """Add the rows of one normalized batch through ``connection``, this stage's connection
+        or a cursor of it. ``rows`` is a query of them (``normalize_into`` hands it over): they
+        go from DuckDB to DuckDB, never through Python."""
+        if not self._lookup:
+            connection.execute(sql.load("insert_fetched_records").format(rows=rows))
+            return
+        # Read three times (the lookup, then the two inserts): computed once.
+        connection.execute(sql.load("create_batch_records").format(rows=rows))
         try:
-            for statement in self._lookup or ["INSERT INTO fetched BY NAME FROM cw_batch"]:
+            for statement in self._lookup:
                 connection.execute(statement)
         finally:
-            connection.unregister("cw_batch")
+            connection.execute("DROP TABLE IF EXISTS cw_batch")
 
     def load_stored(self, data: pa.RecordBatchReader | pa.Table) -> None:
         """Load the stored keys, content and raw hashes (``sql/select_hashes_entity.sql``) as

@@ -2,8 +2,8 @@
 
 A walk spends its time waiting on the network (and parsing HTTP); normalization spends it in
 DuckDB, which releases the GIL. Overlapping the two makes a sync cost about as much as its walk
-plus the last batch, instead of the walk plus all of normalization. Each normalized batch is
-appended to the fetch's stage (``sources.staged``) and its pages are let go, and the walk waits
+plus the last batch, instead of the walk plus all of normalization. Each batch is normalized
+into the fetch's stage (``sources.staged``) and its pages are let go, and the walk waits
 when the worker is ``max_queued`` batches behind: memory follows the batch size, not the fetch.
 """
 
@@ -13,11 +13,12 @@ from collections import deque
 from collections.abc import Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
+from functools import partial
 from types import TracebackType
 
 import duckdb
 from changewatch.sources.base import FetchResult, SourceBase
-from changewatch.sources.normalize import Batch, merge_fields, normalize_batch
+from changewatch.sources.normalize import merge_fields, normalize_into
 from changewatch.sources.staged import StagedFetch
 
 __all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
@@ -124,10 +125,11 @@ class StreamingNormalizer:
             )
         # The walk is over. The worker goes on with its queue from the front; this thread
         # takes the last documents, then the batches the worker has not started, from the back:
-        # two cores on what is left, with no batch normalized twice. Its batches are stored
-        # after the worker's, in order.
+        # two cores on what is left, with no batch normalized twice. Each batch is stored as
+        # soon as it is normalized (rows carry their arrival: the order they are stored in
+        # does not matter); errors are raised in document order.
         queued = list(self._queue)
-        mine: list[Batch | Exception] = []
+        mine: list[_Fields | Exception] = []
         with self._duckdb.cursor() as cursor:
             last = self._take_pending()
             if last[0]:
@@ -140,8 +142,7 @@ class StreamingNormalizer:
         for done in reversed(mine):
             if isinstance(done, Exception):
                 raise done
-            self.stage.append(done.frame, self._duckdb)
-            self._fields.append(done.fields)
+            self._fields.append(done)
         self.holding = 0
         # The walk no longer competes for the cores: the rest of the sync may use them all.
         self._duckdb.execute("RESET threads")
@@ -160,9 +161,9 @@ class StreamingNormalizer:
             self.holding -= len(job[0])
             wait = False
 
-    def _attempt(self, job: _Job, connection: duckdb.DuckDBPyConnection) -> Batch | Exception:
+    def _attempt(self, job: _Job, connection: duckdb.DuckDBPyConnection) -> _Fields | Exception:
         try:
-            return self._normalize(*job, connection)
+            return self._store_on(*job, connection)
         except Exception as error:  # noqa: BLE001 - raised in order by finish
             return error
 
@@ -175,10 +176,8 @@ class StreamingNormalizer:
         self._queue.append((self._pool.submit(self._store, *job), job))
 
     def _store(self, documents: list[bytes], records_path: str | None, first: int) -> _Fields:
-        """On the worker: normalize one batch, append it to the stage, return its fields."""
-        batch = self._normalize(documents, records_path, first, self._duckdb)
-        self.stage.append(batch.frame, self._duckdb)
-        return batch.fields
+        """On the worker: normalize one batch into the stage, return its fields."""
+        return self._store_on(documents, records_path, first, self._duckdb)
 
     def _take_pending(self) -> _Job:
         """The documents waiting for a batch, their records path and the first one's number."""
@@ -186,18 +185,20 @@ class StreamingNormalizer:
         self._pending, self._pending_bytes = [], 0
         return documents, self._records_path, first
 
-    def _normalize(
+    def _store_on(
         self,
         documents: list[bytes],
         records_path: str | None,
         first: int,
         connection: duckdb.DuckDBPyConnection,
-    ) -> Batch:
-        return normalize_batch(
+    ) -> _Fields:
+        """Normalize one batch straight into the stage through ``connection``."""
+        return normalize_into(
+            partial(self.stage.insert, connection=connection),
             documents,
             records_path,
             self.config,
+            connection=connection,
             first_document=first,
             known_fields=self.known_fields,
-            connection=connection,
         )

@@ -7,12 +7,19 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pytest
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
-from changewatch.sources.normalize import HASH_COLUMN, RAW_COLUMN
+from changewatch.sources.normalize import (
+    HASH_COLUMN,
+    RAW_COLUMN,
+    normalize_batch,
+    normalize_into,
+)
 from changewatch.sources.normalize import normalize as normalize_fetch
+from polars.testing import assert_frame_equal
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYNCED_AT = datetime(2026, 2, 1, tzinfo=UTC)
@@ -164,3 +171,78 @@ def test_empty_fetch_gives_typed_empty_frame() -> None:
     frame = normalize([], issue_source(), synced_at=SYNCED_AT)
     assert frame.height == 0
     assert frame.schema["labels"] == pl.List(pl.String)
+
+
+def into_table(documents: list[bytes], config: SourceBase, **options: object) -> tuple:
+    """``normalize_into`` writing table ``out``: its fields, and the table's rows."""
+    with duckdb.connect() as con:
+        fields = normalize_into(
+            lambda rows: con.execute(f"CREATE TABLE out AS {rows}"),
+            documents,
+            None,
+            config,
+            connection=con,
+            first_document=3,
+            **options,
+        )
+        return fields, pl.from_arrow(con.sql("FROM out").to_arrow_table())
+
+
+def tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [name for (name,) in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+
+
+def test_rows_normalized_inside_duckdb_are_normalize_batch_rows() -> None:
+    # What a sync's stage gets without the rows leaving DuckDB: the same values, hashes and
+    # payloads as the frame, and the same payload fields (with types for unknown ones).
+    records = load("github_issues_page.json")
+    documents = [
+        json.dumps(r).encode() for r in (records[:1], [*records[1:], {"number": 9, "x": 1}])
+    ]
+    expected = normalize_batch(
+        documents, None, issue_source(), first_document=3, known_fields=["id"]
+    )
+    fields, out = into_table(documents, issue_source(), known_fields=["id"])
+    assert_frame_equal(out.sort("_arrival"), expected.frame.drop("_bad_value").sort("_arrival"))
+    assert fields == expected.fields
+    assert fields["x"] == "UBIGINT"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        b'[{"number": 1}, {"number": 2.5}, {"number": "x"}]',  # bad values
+        b'[{"number": 1}, {"number": 2, "closed_at": "someday"}]',
+        b'[{"number": 1}, {"title": "no key"}, {"title": "none either"}]',
+        b"<html>rate limited</html>",
+    ],
+)
+def test_a_bad_batch_writes_nothing_and_is_named_as_normalize_batch_names_it(
+    document: bytes,
+) -> None:
+    documents = [json.dumps(load("github_issues_page.json")).encode(), document]
+    with pytest.raises(PayloadError) as expected:
+        normalize_batch(documents, None, issue_source(), first_document=3)
+    with duckdb.connect() as con:
+        with pytest.raises(PayloadError) as error:
+            normalize_into(
+                lambda rows: con.execute(f"CREATE TABLE out AS {rows}"),
+                documents,
+                None,
+                issue_source(),
+                connection=con,
+                first_document=3,
+            )
+        assert tables(con) == []  # no `out`, and the batch's own tables are gone
+    assert str(error.value) == str(expected.value)
+
+
+def test_a_write_that_fails_on_its_own_is_not_blamed_on_the_records() -> None:
+    with duckdb.connect() as con, pytest.raises(duckdb.CatalogException, match="no_such_table"):
+        normalize_into(
+            lambda rows: con.execute(f"INSERT INTO no_such_table {rows}"),
+            [json.dumps(load("github_issues_page.json")).encode()],
+            None,
+            issue_source(),
+            connection=con,
+        )
