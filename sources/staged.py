@@ -32,17 +32,19 @@ from changewatch.sources.normalize import (
     UTC_MICROS,
 )
 
-__all__ = ["APPLY_MEMORY_LIMIT", "MEMORY_LIMIT", "STAGE_TYPES", "STREAM_ROWS", "StagedFetch"]
+__all__ = ["MEMORY_LIMIT", "STAGE_TYPES", "STREAM_ROWS", "StagedFetch"]
 
 # What DuckDB may keep in memory for one sync (normalizing, deduplicating, diffing); the rest
 # spills to disk. The sort that numbers a million-row change log needed more than 128 MB; 160
 # MB held for it (192 MB before re-syncs staged unchanged rows as keys only), and keeps a
 # million-row sync under 600 MiB in all.
 MEMORY_LIMIT = "160MB"
-# What it may keep once the walk is over. The stage is never checkpointed (see _create), so its
-# rows stay as appended, uncompressed; a PostgreSQL first sync then reads two streams out of
-# it at once (table and change log), which ran out of 160 MB at a million rows and fit in 192.
-APPLY_MEMORY_LIMIT = "192MB"
+# What it may keep while two streams are read out of it at once (``two_streams``). The stage
+# is never checkpointed (see _create), so its rows stay as appended, uncompressed; a million-row
+# PostgreSQL first sync, which reads its table and its change log at once, ran out of 160 MB
+# there and fit in 192 (peak RSS 540 MiB; one stream at a time stays at 160 MB, so a DuckDB
+# warehouse's 128 MB cache fits beside it under 600 MiB).
+TWO_STREAMS_MEMORY_LIMIT = "192MB"
 # Rows per Arrow record batch read out of the stage: a warehouse row group.
 STREAM_ROWS = 16_384
 
@@ -178,6 +180,10 @@ class StagedFetch:
                     table=table, keys=keys, order=f"{newest}_arrival DESC"
                 )
             )
+
+    def two_streams(self) -> None:
+        """Make room for two results streamed out at once (see ``TWO_STREAMS_MEMORY_LIMIT``)."""
+        self.connection.execute(f"SET memory_limit = '{TWO_STREAMS_MEMORY_LIMIT}'")
 
     @property
     def height(self) -> int:

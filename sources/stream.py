@@ -19,7 +19,7 @@ from types import TracebackType
 import duckdb
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.normalize import merge_fields, normalize_into
-from changewatch.sources.staged import APPLY_MEMORY_LIMIT, StagedFetch
+from changewatch.sources.staged import StagedFetch
 
 __all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
 
@@ -146,7 +146,6 @@ class StreamingNormalizer:
         self.holding = 0
         # The walk no longer competes for the cores: the rest of the sync may use them all.
         self._duckdb.execute("RESET threads")
-        self._duckdb.execute(f"SET memory_limit = '{APPLY_MEMORY_LIMIT}'")
         self.stage.keep_newest()
         self.stage.synced_at = synced_at
         return self.stage, merge_fields(self._fields)

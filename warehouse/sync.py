@@ -582,6 +582,8 @@ def _write_changes(
     aside = wh.loads_aside and not (evolved or stats.updated or stats.deleted)
     # Two streams at once get half-size batches each: the rows in flight stay as many.
     rows = STREAM_ROWS // 2 if aside else STREAM_ROWS
+    if aside:
+        staged.two_streams()
     with (
         staged.reader(upserts_query, [staged.synced_at], rows=rows) as upserts,
         wh.bulk_load_aside(config.table, upserts) if aside else nullcontext(False) as loading,
