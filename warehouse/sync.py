@@ -600,22 +600,31 @@ def _write_upserts(
 ) -> None:
     """Append the new rows and new versions of ``upserts`` to the source's table."""
     columns = list(config.columns)
-    # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
-    if not evolved and wh.bulk_load(config.table, upserts):
+    _append(
+        wh,
+        config.table,
+        upserts,
+        # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
+        bulk=not evolved,
+        statement="insert_entity_staged",
+        table=quote(config.table),
+        columns=", ".join(quote(c) for c in columns),
+        select_columns=_select_list(config, columns),
+        evolved_columns="".join(f", {quote(evolved_column(f))}" for f in evolved),
+        evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
+    )
+
+
+def _append(
+    wh: Warehouse, target: str, rows: pa.RecordBatchReader, *, bulk: bool, statement: str, **sql
+) -> None:
+    """Append ``rows`` to table ``target``: on the warehouse's bulk path when ``bulk`` and it
+    has one, otherwise by ``statement`` (``INSERT ... SELECT`` from the rows staged as
+    ``{stage}``)."""
+    if bulk and wh.bulk_load(target, rows):
         return
-    with wh.staged("cw_upserts", upserts) as stage:
-        wh.execute(
-            render(
-                "insert_entity_staged",
-                wh.dialect,
-                table=quote(config.table),
-                stage=stage,
-                columns=", ".join(quote(c) for c in columns),
-                select_columns=_select_list(config, columns),
-                evolved_columns="".join(f", {quote(evolved_column(f))}" for f in evolved),
-                evolved_values="".join(f", {_from_raw(f, t)}" for f, t in evolved.items()),
-            )
-        )
+    with wh.staged(f"cw_{statement}", rows) as stage:
+        wh.execute(render(statement, wh.dialect, stage=stage, **sql))
 
 
 def _write_change_log(
@@ -635,26 +644,18 @@ def _write_change_log(
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
     params = [first_id, stats.sync_id, detected_at, stats.silent, stats.storm_held]
     value_columns = [p + c for c in columns for p in ("old_", "new_")]
+    types = {p + c: config.columns[c].type for c in columns for p in ("old_", "new_")}
     with staged.reader(_change_log_query(config), params, rows=rows) as log:
-        if wh.bulk_load(change_table, log):
-            return
-        with wh.staged("cw_changes", log) as stage:
-            wh.execute(
-                render(
-                    "insert_changes_staged",
-                    wh.dialect,
-                    changes=change_log,
-                    stage=stage,
-                    value_columns=", ".join(quote(c) for c in value_columns),
-                    select_values=_select_list(
-                        config,
-                        value_columns,
-                        types={
-                            p + c: config.columns[c].type for c in columns for p in ("old_", "new_")
-                        },
-                    ),
-                )
-            )
+        _append(
+            wh,
+            change_table,
+            log,
+            bulk=True,
+            statement="insert_changes_staged",
+            changes=change_log,
+            value_columns=", ".join(quote(c) for c in value_columns),
+            select_values=_select_list(config, value_columns, types=types),
+        )
 
 
 def _change_log_query(config: SourceBase) -> str:
