@@ -173,11 +173,8 @@ class StreamingNormalizer:
         while len(self._queue) >= self.max_queued:
             self._collect(wait=True)  # the walk waits for the worker: pages held stay bounded
         job = self._take_pending()
-        self._queue.append((self._pool.submit(self._store, *job), job))
-
-    def _store(self, documents: list[bytes], records_path: str | None, first: int) -> _Fields:
-        """On the worker: normalize one batch into the stage, return its fields."""
-        return self._store_on(documents, records_path, first, self._duckdb)
+        # The worker normalizes on the stage's own connection.
+        self._queue.append((self._pool.submit(self._store_on, *job, self._duckdb), job))
 
     def _take_pending(self) -> _Job:
         """The documents waiting for a batch, their records path and the first one's number."""
