@@ -42,6 +42,19 @@ def problem(path: Path) -> str:
     return str(error.value)
 
 
+def judged_watch(model: str) -> str:
+    """A judged watch on ``model`` whose key variable, CW_TEST_UNSET_LLM_KEY, is never set."""
+    return f"""\
+watches:
+  - name: w
+    source: demo_issues
+    judge:
+      condition: anything interesting
+      model: {model}
+      api_key_env: CW_TEST_UNSET_LLM_KEY
+"""
+
+
 @pytest.mark.parametrize(
     ("where", "why"),
     [
@@ -86,15 +99,7 @@ def test_judge_key_variable_must_be_set(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.delenv("CW_TEST_UNSET_LLM_KEY", raising=False)
     path = write(
         tmp_path,
-        """\
-watches:
-  - name: w
-    source: demo_issues
-    judge:
-      condition: anything interesting
-      model: gpt-4o-mini
-      api_key_env: CW_TEST_UNSET_LLM_KEY
-""",
+        judged_watch("gpt-4o-mini"),
     )
     assert problem(path) == (
         f"{path}:24: watches[0].judge.api_key_env: environment variable "
@@ -113,15 +118,7 @@ def test_validate_says_what_the_local_judge_needs(
     monkeypatch.delenv("CW_TEST_UNSET_LLM_KEY", raising=False)
     path = write(
         tmp_path,
-        """\
-watches:
-  - name: w
-    source: demo_issues
-    judge:
-      condition: anything interesting
-      model: local
-      api_key_env: CW_TEST_UNSET_LLM_KEY
-""",
+        judged_watch("local"),
     )
     done = subprocess.run(
         [sys.executable, "-m", "changewatch.pipeline.cli", "--config", str(path), "validate"],
