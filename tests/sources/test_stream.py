@@ -186,6 +186,31 @@ def test_a_bad_page_ends_the_walk_at_a_following_page() -> None:
     assert added < 1000
 
 
+def test_the_worker_starts_on_a_smaller_first_batch() -> None:
+    # The first pages are normalized once they reach first_batch_bytes, while the walk goes
+    # on towards full-size batches: the worker does not idle through the first batch_bytes.
+    first = page(0, 50)
+    with StreamingNormalizer(
+        source(), batch_bytes=100 * len(first), first_batch_bytes=len(first)
+    ) as pages:
+        # A cursor of its own: the worker uses the stage's connection meanwhile.
+        with pages.stage.connection.cursor() as cursor:
+
+            def stored() -> int:
+                return cursor.execute("SELECT count(*) FROM fetched").fetchall()[0][0]
+
+            pages.add(first, None)
+            deadline = time.monotonic() + 10
+            while not stored():
+                assert time.monotonic() < deadline, "the first page was never normalized"
+                time.sleep(0.01)
+            pages.add(page(50, 50), None)  # below batch_bytes: waits for a batch or the end
+            time.sleep(0.2)
+            assert stored() == 50
+        staged, _ = pages.finish(FetchResult(documents=[], streamed=2), synced_at=SYNCED_AT)
+        assert staged.height == 100
+
+
 def test_the_walk_waits_for_the_worker_so_the_pages_held_stay_a_few_batches() -> None:
     # One page per batch and at most two batches queued: whatever the worker's pace, the
     # normalizer never holds more than the queued batches and the page being batched.
