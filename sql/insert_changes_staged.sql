@@ -1,6 +1,5 @@
--- change_id is given in polars (next id + the change's place in the sync): no sort here.
-INSERT INTO {changes} (change_id, sync_id, kind, object_key, old_hash, new_hash, changed_columns,
-                       detected_at, silent, held, {value_columns})
-SELECT change_id, sync_id, kind, object_key, old_hash, new_hash, changed_columns,
-       detected_at, silent, held, {select_values}
+-- change_id is given in the stage (next id + the change's place in the sync): no sort here.
+-- The staged columns are those the sync's changes fill (an insert has no old values).
+INSERT INTO {changes} ({columns})
+SELECT {select_values}
 FROM {stage}

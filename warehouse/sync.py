@@ -591,7 +591,13 @@ def _write_changes(
         if not loading:
             _write_upserts(wh, config, upserts, evolved)
         _write_change_log(
-            wh, config, staged, stats, detected_at, rows=rows if loading else STREAM_ROWS
+            wh,
+            config,
+            staged,
+            stats,
+            detected_at,
+            rows=rows if loading else STREAM_ROWS,
+            inserts_only=every_row_new,
         )
 
 
@@ -635,17 +641,21 @@ def _write_change_log(
     detected_at: datetime,
     *,
     rows: int = STREAM_ROWS,
+    inserts_only: bool = False,
 ) -> None:
     """Append the sync's change-log entries (numbered on from the log's last id), streamed in
-    batches of ``rows``."""
-    columns = list(config.columns)
+    batches of ``rows``. ``inserts_only``: every fetched row is new, and nothing else changed
+    (a first sync)."""
     change_table = changes_table(config.table)
     change_log = quote(change_table)
     first_id = wh.fetch(render("select_next_id_changes", wh.dialect, changes=change_log))[0][0]
     params = [first_id, stats.sync_id, detected_at, stats.silent, stats.storm_held]
-    value_columns = [p + c for c in columns for p in ("old_", "new_")]
-    types = {p + c: config.columns[c].type for c in columns for p in ("old_", "new_")}
-    with staged.reader(_change_log_query(config), params, rows=rows) as log:
+    types = {p + c: spec.type for c, spec in config.columns.items() for p in ("old_", "new_")}
+    query = _change_log_query(config, inserts_only=inserts_only)
+    with staged.reader(query, params, rows=rows) as log:
+        # The columns the query fills; the rest of each entry is left to the table's defaults
+        # (NULL), which costs nothing to send.
+        columns = log.schema.names
         _append(
             wh,
             change_table,
@@ -653,24 +663,36 @@ def _write_change_log(
             bulk=True,
             statement="insert_changes_staged",
             changes=change_log,
-            value_columns=", ".join(quote(c) for c in value_columns),
-            select_values=_select_list(config, value_columns, types=types),
+            columns=", ".join(quote(c) for c in columns),
+            select_values=_select_list(config, columns, types=types),
         )
 
 
-def _change_log_query(config: SourceBase) -> str:
-    """The stage's query for the change log (``sql/select_changes_fetched.sql``) of ``config``.
+def _change_log_query(config: SourceBase, *, inserts_only: bool = False) -> str:
+    """The stage's query for the change log (``sql/select_changes_fetched.sql``) of ``config``;
+    with ``inserts_only``, that of a sync whose every fetched row is new
+    (``sql/select_insert_changes_fetched.sql``: the same entries, without the empty columns).
 
     Key columns never change; both sides carry the key so filters can use old_x and new_x.
     """
     keys, columns = config.primary_key, list(config.columns)
+    rows = "f" if inserts_only else "d"  # where the keys are read from
     if len(keys) == 1:
-        object_key = f"CAST(d.{quote(keys[0])} AS VARCHAR)"
+        object_key = f"CAST({rows}.{quote(keys[0])} AS VARCHAR)"
     else:
-        fields = ", ".join(f"{quote(k)} := d.{quote(k)}" for k in keys)
+        fields = ", ".join(f"{quote(k)} := {rows}.{quote(k)}" for k in keys)
         object_key = f"CAST(to_json(struct_pack({fields})) AS VARCHAR)"
-    old = {c: f"CAST(o.{quote(c)} AS {STAGE_TYPES[config.columns[c].type]})" for c in columns}
     new = {c: f"f.{quote(c)}" for c in columns}
+    if inserts_only:
+        order = [f"{new[config.updated_at]} NULLS LAST"] if config.updated_at else []
+        return sql.load("select_insert_changes_fetched").format(
+            keys=", ".join(f"f.{quote(k)}" for k in keys),
+            order=", ".join([*order, f"{object_key} NULLS LAST"]),
+            object_key=object_key,
+            values=", ".join(f"{new[c]} AS {quote('new_' + c)}" for c in columns),
+            ordered_join=_key_join(keys, "r", "f"),
+        )
+    old = {c: f"CAST(o.{quote(c)} AS {STAGE_TYPES[config.columns[c].type]})" for c in columns}
     for k in keys:
         old[k] = f"CASE WHEN d.kind <> 'insert' THEN d.{quote(k)} END"
         new[k] = f"CASE WHEN d.kind <> 'delete' THEN d.{quote(k)} END"
