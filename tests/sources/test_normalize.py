@@ -167,6 +167,30 @@ def test_bad_records_are_named(record: dict, message: str) -> None:
     assert "'gh'" in str(error.value)
 
 
+@pytest.mark.parametrize(
+    ("value", "stored"),
+    [
+        ("2026-01-01T00:00:00+02:00", datetime(2025, 12, 31, 22, tzinfo=UTC)),
+        ("2026-01-01 00:00:00 America/New_York", datetime(2026, 1, 1, 5, tzinfo=UTC)),
+        ("2026-01-01", datetime(2026, 1, 1, tzinfo=UTC)),
+        (None, None),
+    ],
+)
+def test_timestamps_are_read_from_their_text(value: str | None, stored: datetime | None) -> None:
+    record = {"number": 1, "updated_at": "2026-01-01T00:00:00Z", "closed_at": value}
+    frame = normalize([record], issue_source(), synced_at=SYNCED_AT)
+    assert frame["closed_at"].to_list() == [stored]
+    missing = normalize([{"number": 1}], issue_source(), synced_at=SYNCED_AT)
+    assert missing["closed_at"].to_list() == [None]
+
+
+@pytest.mark.parametrize("value", [1767225600, True, "", "2026-02-30T00:00:00Z", {"at": "x"}])
+def test_a_value_that_is_no_timestamp_is_a_record_error(value: object) -> None:
+    record = {"number": 1, "updated_at": "2026-01-01T00:00:00Z", "closed_at": value}
+    with pytest.raises(PayloadError, match="field 'closed_at' value .* is not a timestamp"):
+        normalize([record], issue_source(), synced_at=SYNCED_AT)
+
+
 def test_empty_fetch_gives_typed_empty_frame() -> None:
     frame = normalize([], issue_source(), synced_at=SYNCED_AT)
     assert frame.height == 0
