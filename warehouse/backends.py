@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,11 @@ class Warehouse(ABC):
         SELECT`` from a staged frame; the caller then writes with SQL. Rows go in frame order.
         """
         return False
+
+    def prepare_load_aside(self) -> None:
+        """A ``bulk_load_aside`` is likely to come (a source's first sync): get ready for it
+        now, while the sync fetches. Nothing to do where there is no such load."""
+        return
 
     @contextmanager
     def bulk_load_aside(self, table: str, frame: Rows) -> Iterator[bool]:
@@ -224,6 +230,8 @@ class PostgresWarehouse(Warehouse):
         import adbc_driver_postgresql.dbapi as adbc
 
         self._url = url  # for a sibling connection; may hold a password, never shown
+        # A sibling connection being opened ahead of a load aside (prepare_load_aside).
+        self._spare: Future[PostgresWarehouse] | None = None
         # Work to do once the current transaction has rolled back (see bulk_load_aside).
         self._on_rollback: list[Callable[[], None]] = []
         uri, schema = _split_schema(url)
@@ -348,8 +356,24 @@ class PostgresWarehouse(Warehouse):
             with suppress(Exception):
                 self._con.rollback()
 
+    def prepare_load_aside(self) -> None:
+        # Connecting takes some 50 ms, mostly waiting: done while the walk goes on, not
+        # between the walk and the load.
+        if self._spare is None:
+            self._spare = Future()
+            threading.Thread(
+                target=_connect_into,
+                args=(self._spare, self._url),
+                name="changewatch-connect",
+                daemon=True,  # a connect that hangs must not keep the process alive
+            ).start()
+
     def sibling(self) -> PostgresWarehouse:
         """A second connection to the same database and schema, with its own transactions."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            with suppress(Exception):  # it failed: connect again, for the error to tell
+                return spare.result()
         return PostgresWarehouse(self._url)
 
     def cancel(self) -> None:
@@ -387,8 +411,20 @@ class PostgresWarehouse(Warehouse):
             self._on_rollback.clear()
 
     def close(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            with suppress(Exception):
+                spare.result().close()
         self._cur.close()
         self._con.close()
+
+
+def _connect_into(future: Future[PostgresWarehouse], url: str) -> None:
+    """Open a connection to ``url`` into ``future`` (on a thread of its own)."""
+    try:
+        future.set_result(PostgresWarehouse(url))
+    except BaseException as error:  # noqa: BLE001 - handed over, raised where it is used
+        future.set_exception(error)
 
 
 def _load_name(prefix: str, table: str) -> str:

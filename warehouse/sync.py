@@ -153,6 +153,9 @@ def run_sync(
         wh.execute(render("abandon_sync_runs", wh.dialect), (config.name, sync_id))
     if full and not config.lists_everything:
         raise ValueError(f"source {config.name!r} cannot list everything: no full sweep")
+    if not state:
+        # A source's first sync: its table is probably loaded on the side (bulk_load_aside).
+        wh.prepare_load_aside()
     stats = SyncStats(
         source=config.name,
         sync_id=sync_id,

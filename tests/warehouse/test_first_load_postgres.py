@@ -4,6 +4,7 @@ left behind when it fails."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -242,3 +243,21 @@ def test_a_failure_of_the_sync_itself_leaves_the_table_empty(pg_url: str, where:
             assert wh.fetch("SELECT count(*) FROM items") == [(50_000,)]
             raise RuntimeError("the change log failed")
         assert_untouched(wh, oid)
+
+
+BACKEND_START = "SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+
+
+def test_the_second_connection_is_opened_while_the_sync_fetches(pg_url: str) -> None:
+    # A first sync asks for it before its walk; the load then finds it open.
+    with connect(pg_url) as wh:
+        assert isinstance(wh, PostgresWarehouse)
+        wh.prepare_load_aside()
+        wh.prepare_load_aside()  # once is enough: still one spare
+        time.sleep(0.5)
+        asked = wh.fetch("SELECT clock_timestamp()")[0][0]
+        with wh.sibling() as spare:
+            assert spare.fetch(BACKEND_START)[0][0] < asked
+            assert spare.fetch("SELECT current_schema()") == wh.fetch("SELECT current_schema()")
+        with wh.sibling() as fresh:  # the spare is used once
+            assert fresh.fetch(BACKEND_START)[0][0] > asked
