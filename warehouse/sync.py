@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -248,28 +249,42 @@ def apply_sync(
             )
         if not staged.has_stored:
             _load_stored(wh, config, staged, complete=fetched.complete)
-        staged.execute(
-            sql.load("create_diff_fetched").format(
-                keys=", ".join(f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys),
-                join="FULL" if fetched.complete else "LEFT",
-                key_join=_key_join(keys, "f", "s"),
-                seen_join=_key_join(keys, "s", "w"),
+        # Nothing stored to compare with (a first sync): every fetched row is an insert, and
+        # the warehouse may start loading them into the table on its side right away, while
+        # the diff and the change log are worked out here. Only with no payload fields known
+        # yet: then no field can become a column in this sync, under the load's feet.
+        first_load = (
+            wh.loads_aside
+            and height
+            and not evolved
+            and not staged.fetch("SELECT EXISTS (FROM stored)")[0][0]
+            and not wh.fetch(render("select_source_fields", wh.dialect), (config.name,))
+        )
+        with _loading_aside(wh, config, staged) if first_load else nullcontext(False) as aside:
+            staged.execute(
+                sql.load("create_diff_fetched").format(
+                    keys=", ".join(
+                        f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys
+                    ),
+                    join="FULL" if fetched.complete else "LEFT",
+                    key_join=_key_join(keys, "f", "s"),
+                    seen_join=_key_join(keys, "s", "w"),
+                )
             )
-        )
-        by_kind = dict(staged.fetch("SELECT kind, count(*) FROM diff GROUP BY kind"))
-        stats.inserted = by_kind.get("insert", 0)
-        stats.updated = by_kind.get("update", 0)
-        stats.deleted = by_kind.get("delete", 0)
-        stats.unchanged = height - stats.inserted - stats.updated
-        stats.not_modified = fetched.not_modified
-        stats.storm_held = not stats.silent and _is_storm(
-            config, stats, previous[0][1] if previous else None
-        )
-        evolved = dict(evolved or {})
-        if fields:
-            evolved |= _record_fields(wh, config, staged, fields, stats, finished_at, evolved)
-        if stats.changed:
-            _write_changes(wh, config, staged, stats, finished_at, evolved)
+            by_kind = dict(staged.fetch("SELECT kind, count(*) FROM diff GROUP BY kind"))
+            stats.inserted = by_kind.get("insert", 0)
+            stats.updated = by_kind.get("update", 0)
+            stats.deleted = by_kind.get("delete", 0)
+            stats.unchanged = height - stats.inserted - stats.updated
+            stats.not_modified = fetched.not_modified
+            stats.storm_held = not stats.silent and _is_storm(
+                config, stats, previous[0][1] if previous else None
+            )
+            evolved = dict(evolved or {})
+            if fields:
+                evolved |= _record_fields(wh, config, staged, fields, stats, finished_at, evolved)
+            if stats.changed:
+                _write_changes(wh, config, staged, stats, finished_at, evolved, loaded_aside=aside)
         _refresh_raw(wh, config, staged, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
@@ -532,7 +547,11 @@ def _write_changes(
     stats: SyncStats,
     detected_at: datetime,
     evolved: dict[str, str],
+    *,
+    loaded_aside: bool = False,
 ) -> None:
+    """Write the changed rows and the change log; with ``loaded_aside``, the rows (every
+    fetched row, all new) are already on their way into the table (``_loading_aside``)."""
     keys, columns = config.primary_key, list(config.columns)
     table = quote(config.table)
     key_list = ", ".join(quote(k) for k in keys)
@@ -573,35 +592,40 @@ def _write_changes(
         _write_change_log(wh, config, staged, stats, detected_at)
         return
     every_row_new = not (stats.updated or stats.deleted or stats.unchanged)
-    upserts_query = sql.load(
-        "select_inserts_fetched" if every_row_new else "select_upserts_fetched"
-    )
-    upserts_query = upserts_query.format(
-        columns=", ".join(f"f.{quote(c)}" for c in columns),
-        key_join=_key_join(keys, "f", "d"),
-    )
-    # Inserts only, of typed columns alone: perhaps a first sync, whose table the warehouse may
-    # load on the side while the change log is written here (PostgreSQL: a second backend).
-    aside = wh.loads_aside and not (evolved or stats.updated or stats.deleted)
-    # Two streams at once get half-size batches each: the rows in flight stay as many.
-    rows = STREAM_ROWS // 2 if aside else STREAM_ROWS
-    if aside:
-        staged.two_streams()
-    with (
-        staged.reader(upserts_query, [staged.synced_at], rows=rows) as upserts,
-        wh.bulk_load_aside(config.table, upserts) if aside else nullcontext(False) as loading,
-    ):
-        if not loading:
-            _write_upserts(wh, config, upserts, evolved)
-        _write_change_log(
-            wh,
-            config,
-            staged,
-            stats,
-            detected_at,
-            rows=rows if loading else STREAM_ROWS,
-            inserts_only=every_row_new,
+    if not loaded_aside:
+        upserts_query = sql.load(
+            "select_inserts_fetched" if every_row_new else "select_upserts_fetched"
+        ).format(
+            columns=", ".join(f"f.{quote(c)}" for c in columns),
+            key_join=_key_join(keys, "f", "d"),
         )
+        with staged.reader(upserts_query, [staged.synced_at]) as upserts:
+            _write_upserts(wh, config, upserts, evolved)
+    _write_change_log(
+        wh,
+        config,
+        staged,
+        stats,
+        detected_at,
+        # Two streams at once get half-size batches each: the rows in flight stay as many.
+        rows=STREAM_ROWS // 2 if loaded_aside else STREAM_ROWS,
+        inserts_only=every_row_new,
+    )
+
+
+@contextmanager
+def _loading_aside(wh: Warehouse, config: SourceBase, staged: StagedFetch) -> Iterator[bool]:
+    """Every fetched row, streamed into the source's table by the warehouse on its side
+    (``bulk_load_aside``) while the ``with`` block runs; yields whether it does."""
+    query = sql.load("select_inserts_fetched").format(
+        columns=", ".join(f"f.{quote(c)}" for c in config.columns)
+    )
+    staged.two_streams()  # this one, and the change log's
+    with (
+        staged.reader(query, [staged.synced_at], rows=STREAM_ROWS // 2) as rows,
+        wh.bulk_load_aside(config.table, rows) as loading,
+    ):
+        yield loading
 
 
 def _write_upserts(

@@ -63,6 +63,19 @@ def test_evolve_adds_a_column_without_changing_any_row(warehouse_url: str, api: 
     assert ("name", None, "baseline") in fields(warehouse_url)
 
 
+def test_a_field_evolves_into_a_table_that_was_emptied(warehouse_url: str, api: ApiServer) -> None:
+    # Every stored row is gone, so every fetched row is new, as in a first sync; but this is
+    # not the baseline: the new field becomes a column, filled in the rows that arrive with it
+    # (PostgreSQL loads a first sync's table on the side, which must not happen here).
+    sync(warehouse_url, api, BEFORE, "evolve")
+    emptied = sync(warehouse_url, api, [], "evolve")
+    assert (emptied.deleted, emptied.row_count) == (2, 0)
+    again = sync(warehouse_url, api, AFTER, "evolve")
+    assert (again.inserted, again.drift) == (2, {"score": "bigint"})
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT id, score FROM items ORDER BY id") == [(1, "7"), (2, "9")]
+
+
 def test_discard_keeps_the_field_in_the_raw_payload_only(
     warehouse_url: str, api: ApiServer
 ) -> None:
