@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 from changewatch import sql
 from changewatch.sources.base import ColumnSpec, FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
@@ -229,17 +230,19 @@ def _records(
     first_document: int,
 ) -> Iterator[None]:
     """Tables ``documents`` and ``records`` (one row per record) for the block."""
-    frame = pl.DataFrame(
-        {"doc_index": range(first_document, first_document + len(documents)), "doc": documents},
-        schema={"doc_index": pl.Int64, "doc": pl.Binary},
-    ).with_columns(pl.col("doc").cast(pl.String))
-    # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
-    con.execute("SET TimeZone = 'UTC'")
-    con.register("documents", frame.to_arrow())
+    try:
+        texts = pa.array(documents, pa.string())  # checks every document is UTF-8
+    except pa.ArrowInvalid:
+        raise _not_text(documents, config, first_document) from None
+    indexes = pa.array(range(first_document, first_document + len(documents)), pa.int64())
+    con.register("documents", pa.table({"doc_index": indexes, "doc": texts}))
     try:
         try:
+            # One call for both (the worker waits for the GIL after each): timestamps leave
+            # DuckDB in UTC whatever the machine's zone, and the hash depends on it.
             con.execute(
-                sql.load("create_records_documents").format(records=_records_expr(records_path))
+                "SET TimeZone = 'UTC'; "
+                + sql.load("create_records_documents").format(records=_records_expr(records_path))
             )
         except duckdb.Error as error:
             raise _locate_bad_document(con, config, error) from None
@@ -545,6 +548,19 @@ def _value_at(raw: Any, steps: Sequence[_Step]) -> Any:
         if step.each and index + 1 < len(steps) and isinstance(value, list):
             return [_value_at(item, steps[index + 1 :]) for item in value]
     return value
+
+
+def _not_text(documents: Sequence[bytes], config: SourceBase, first: int) -> PayloadError:
+    """The error naming the first of ``documents`` that is not UTF-8 text."""
+    for index, document in enumerate(documents):
+        try:
+            document.decode()
+        except UnicodeDecodeError as error:
+            return PayloadError(
+                f"source {config.name!r}: document {first + index + 1} is not JSON "
+                f"(not UTF-8 text: {error.reason} at byte {error.start})"
+            )
+    return PayloadError(f"source {config.name!r}: a document is not UTF-8 text")
 
 
 def _locate_bad_document(

@@ -131,6 +131,15 @@ def test_document_that_is_not_json_is_named() -> None:
         normalize_fetch(fetched, issue_source(), synced_at=SYNCED_AT)
 
 
+def test_document_that_is_not_utf8_is_named() -> None:
+    # JSON is UTF-8: a Latin-1 body is named like any document that is not JSON.
+    latin1 = json.dumps([{"number": 1, "title": "café"}], ensure_ascii=False).encode("latin-1")
+    fetched = FetchResult(documents=[b"[]", b"[]", latin1])
+    with pytest.raises(PayloadError) as error:
+        normalize_fetch(fetched, issue_source(), synced_at=SYNCED_AT)
+    assert "source 'gh': document 3 is not JSON (not UTF-8 text" in str(error.value)
+
+
 def test_object_seen_twice_keeps_newest_version() -> None:
     records = load("github_issues_page.json")
     newer = dict(records[0], title="Crash on start (fixed)", updated_at="2026-01-05T00:00:00Z")
