@@ -69,6 +69,8 @@ class StreamingNormalizer:
         # most ever held: what bounds a sync's memory.
         self.holding = 0
         self.peak_holding = 0
+        # Batches the walk normalized itself while the worker was behind (see _submit).
+        self.taken_over = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._records_path: str | None = None
@@ -96,10 +98,9 @@ class StreamingNormalizer:
 
     def add(self, document: bytes, records_path: str | None) -> None:
         """One document of the fetch, in arrival order (a connector's ``sink``)."""
+        # Raises the error of a batch stored so far, in order: no point walking on. (A batch
+        # the walk took over can fail before an earlier one; the earlier one's error comes first.)
         self._collect()
-        for batch, _ in self._queue:
-            if batch.done() and batch.exception() is not None:
-                batch.result()  # raises: no point walking on
         if self._pending and records_path != self._records_path:
             self._submit()  # a batch holds documents of one shape
         self._records_path = records_path
@@ -177,11 +178,35 @@ class StreamingNormalizer:
         if not self._pending:
             return
         while len(self._queue) >= self.max_queued:
-            self._collect(wait=True)  # the walk waits for the worker: pages held stay bounded
+            # The walk waits for the worker (the pages held stay bounded), but not idly: it
+            # normalizes the newest batch the worker has not started, if any, itself.
+            self._collect()
+            if len(self._queue) >= self.max_queued and not self._take_over_newest():
+                self._collect(wait=True)
         job = self._take_pending()
         self._submitted += 1
         # The worker normalizes on the stage's own connection.
         self._queue.append((self._pool.submit(self._store_on, *job, self._duckdb), job))
+
+    def _take_over_newest(self) -> bool:
+        """Normalize the newest batch the worker has not started on this thread (a cursor of
+        the stage), in its place in the queue; False when the worker has started them all."""
+        for place in range(len(self._queue) - 1, -1, -1):
+            batch, job = self._queue[place]
+            if batch.cancel():
+                break
+        else:
+            return False
+        done: Future[_Fields] = Future()
+        with self._duckdb.cursor() as cursor:
+            result = self._attempt(job, cursor)
+        if isinstance(result, Exception):
+            done.set_exception(result)  # raised in order, like the worker's
+        else:
+            done.set_result(result)
+        self._queue[place] = (done, job)
+        self.taken_over += 1
+        return True
 
     def _take_pending(self) -> _Job:
         """The documents waiting for a batch, their records path and the first one's number."""

@@ -223,6 +223,28 @@ def test_the_walk_waits_for_the_worker_so_the_pages_held_stay_a_few_batches() ->
         assert staged.frame()["id"].to_list() == list(range(2000))
 
 
+def test_the_walk_normalizes_batches_itself_while_the_worker_is_behind() -> None:
+    # Pages arrive far faster than one thread normalizes them: rather than wait, the walk
+    # takes the newest queued batch the worker has not started. Same rows, same bound on the
+    # pages held, and a bad record is still reported by its place in the fetch.
+    documents = [page(10 * n, 10) for n in range(200)]
+    with StreamingNormalizer(source(), batch_bytes=1, max_queued=3) as pages:
+        for document in documents:
+            pages.add(document, None)
+        staged, _ = pages.finish(FetchResult(documents=[], streamed=200), synced_at=SYNCED_AT)
+        assert pages.taken_over > 0
+        assert pages.peak_holding <= 4
+        assert staged.frame()["id"].to_list() == list(range(2000))
+    bad = orjson.dumps([{"id": "seven", "updated_at": "2026-01-01T00:00:00Z"}])
+    with (
+        pytest.raises(PayloadError, match="document 151 record #0"),
+        StreamingNormalizer(source(), batch_bytes=1, max_queued=3) as pages,
+    ):
+        for document in [*documents[:150], bad, *documents[150:]]:
+            pages.add(document, None)
+        pages.finish(FetchResult(documents=[], streamed=201), synced_at=SYNCED_AT)
+
+
 def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
     warehouse_url: str, api: ApiServer
 ) -> None:
