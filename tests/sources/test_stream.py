@@ -211,16 +211,25 @@ def test_the_worker_starts_on_a_smaller_first_batch() -> None:
         assert staged.height == 100
 
 
+def one_page_batches(
+    documents: list[bytes], max_queued: int
+) -> tuple[StreamingNormalizer, list[int]]:
+    """``documents`` streamed one page a batch with at most ``max_queued`` batches queued:
+    the normalizer (closed, its counters kept) and the ids it staged, in arrival order."""
+    with StreamingNormalizer(source(), batch_bytes=1, max_queued=max_queued) as pages:
+        for document in documents:
+            pages.add(document, None)
+        fetched = FetchResult(documents=[], streamed=len(documents))
+        staged, _ = pages.finish(fetched, synced_at=SYNCED_AT)
+        return pages, staged.frame()["id"].to_list()
+
+
 def test_the_walk_waits_for_the_worker_so_the_pages_held_stay_a_few_batches() -> None:
     # One page per batch and at most two batches queued: whatever the worker's pace, the
     # normalizer never holds more than the queued batches and the page being batched.
-    documents = [page(10 * n, 10) for n in range(200)]
-    with StreamingNormalizer(source(), batch_bytes=1, max_queued=2) as pages:
-        for document in documents:
-            pages.add(document, None)
-        staged, _ = pages.finish(FetchResult(documents=[], streamed=200), synced_at=SYNCED_AT)
-        assert pages.peak_holding <= 3
-        assert staged.frame()["id"].to_list() == list(range(2000))
+    pages, ids = one_page_batches([page(10 * n, 10) for n in range(200)], max_queued=2)
+    assert pages.peak_holding <= 3
+    assert ids == list(range(2000))
 
 
 def test_the_walk_normalizes_batches_itself_while_the_worker_is_behind() -> None:
@@ -228,21 +237,13 @@ def test_the_walk_normalizes_batches_itself_while_the_worker_is_behind() -> None
     # takes the newest queued batch the worker has not started. Same rows, same bound on the
     # pages held, and a bad record is still reported by its place in the fetch.
     documents = [page(10 * n, 10) for n in range(200)]
-    with StreamingNormalizer(source(), batch_bytes=1, max_queued=3) as pages:
-        for document in documents:
-            pages.add(document, None)
-        staged, _ = pages.finish(FetchResult(documents=[], streamed=200), synced_at=SYNCED_AT)
-        assert pages.taken_over > 0
-        assert pages.peak_holding <= 4
-        assert staged.frame()["id"].to_list() == list(range(2000))
+    pages, ids = one_page_batches(documents, max_queued=3)
+    assert pages.taken_over > 0
+    assert pages.peak_holding <= 4
+    assert ids == list(range(2000))
     bad = orjson.dumps([{"id": "seven", "updated_at": "2026-01-01T00:00:00Z"}])
-    with (
-        pytest.raises(PayloadError, match="document 151 record #0"),
-        StreamingNormalizer(source(), batch_bytes=1, max_queued=3) as pages,
-    ):
-        for document in [*documents[:150], bad, *documents[150:]]:
-            pages.add(document, None)
-        pages.finish(FetchResult(documents=[], streamed=201), synced_at=SYNCED_AT)
+    with pytest.raises(PayloadError, match="document 151 record #0"):
+        one_page_batches([*documents[:150], bad, *documents[150:]], max_queued=3)
 
 
 def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
