@@ -256,21 +256,11 @@ def apply_sync(
         first_load = (
             wh.loads_aside
             and height
-            and not evolved
             and not staged.fetch("SELECT EXISTS (FROM stored)")[0][0]
             and not wh.fetch(render("select_source_fields", wh.dialect), (config.name,))
         )
         with _loading_aside(wh, config, staged) if first_load else nullcontext(False) as aside:
-            staged.execute(
-                sql.load("create_diff_fetched").format(
-                    keys=", ".join(
-                        f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys
-                    ),
-                    join="FULL" if fetched.complete else "LEFT",
-                    key_join=_key_join(keys, "f", "s"),
-                    seen_join=_key_join(keys, "s", "w"),
-                )
-            )
+            _create_diff(staged, keys, complete=fetched.complete)
             by_kind = dict(staged.fetch("SELECT kind, count(*) FROM diff GROUP BY kind"))
             stats.inserted = by_kind.get("insert", 0)
             stats.updated = by_kind.get("update", 0)
@@ -306,6 +296,19 @@ def apply_sync(
         )
         wh.execute(render("finish_sync_runs", wh.dialect), _finish_params(stats, finished_at, None))
     return stats
+
+
+def _create_diff(staged: StagedFetch, keys: list[str], *, complete: bool) -> None:
+    """Stage table ``diff``: the fetched keys whose hash differs from the stored one, and, when
+    the fetch is ``complete``, the stored keys it did not meet (``sql/create_diff_fetched.sql``)."""
+    staged.execute(
+        sql.load("create_diff_fetched").format(
+            keys=", ".join(f"coalesce(f.{quote(k)}, s.{quote(k)}) AS {quote(k)}" for k in keys),
+            join="FULL" if complete else "LEFT",
+            key_join=_key_join(keys, "f", "s"),
+            seen_join=_key_join(keys, "s", "w"),
+        )
+    )
 
 
 def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, complete: bool) -> None:

@@ -8,10 +8,9 @@ from datetime import UTC, datetime
 
 import orjson
 import pytest
-from changewatch import sql
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.stream import StreamingNormalizer
-from changewatch.warehouse.sync import _change_log_query
+from changewatch.warehouse.sync import _change_log_query, _create_diff
 
 SYNCED_AT = datetime(2026, 3, 1, tzinfo=UTC)
 PARAMS = [41, "s-1", SYNCED_AT, False, True]
@@ -69,14 +68,7 @@ def test_the_inserts_only_query_gives_the_general_querys_entries(
         staged.execute(
             f"CREATE TABLE stored AS SELECT {key_list}, _content_hash FROM fetched LIMIT 0"
         )
-        staged.execute(
-            sql.load("create_diff_fetched").format(
-                keys=", ".join(f'coalesce(f."{k}", s."{k}") AS "{k}"' for k in keys),
-                join="FULL",
-                key_join=" AND ".join(f'f."{k}" = s."{k}"' for k in keys),
-                seen_join=" AND ".join(f's."{k}" = w."{k}"' for k in keys),
-            )
-        )
+        _create_diff(staged, keys, complete=True)
         columns = ", ".join(f'"{c}"' for c in source.columns)
         staged.execute(f"CREATE TABLE old_rows AS SELECT {columns} FROM fetched LIMIT 0")
         general = staged.arrow(_change_log_query(source), PARAMS).to_pylist()
