@@ -17,6 +17,13 @@ like any real API (``--server thread`` runs it on a thread of this process inste
   then a mutation of 1000 updates and 100 deletes (``POST /_demo/mutate``) and a third sync
   (asserts exactly those).
 
+CPU is counted for each phase too, in core-seconds of each party: this process (the sync or
+the fetch loop, all its threads), the demo API's process, and a PostgreSQL server on this
+machine (its backends, live and exited, from /proc). Their sum over the machine's cores is the
+shortest time any schedule could do the phase in: the last lines compare that bound with the
+first sync's target, so a run tells whether the target was missed for lack of CPU or for
+time the cores sat idle, whatever else the machine was doing meanwhile.
+
 Peak RSS is printed for each phase: the kernel's high-water mark (``VmHWM``) is reset when a
 phase starts, so each figure is that phase's own peak, a first sync's as well as a
 re-sync's (where /proc cannot reset it, the process's peak so far). With ``--server thread``
@@ -114,6 +121,67 @@ def memory_note() -> str:
     return f"peak RSS {phase_peak_mb():.0f} MiB" + (f" (now {now:.0f})" if now else "")
 
 
+def _cpu_of(pid: int) -> tuple[float, float, int] | None:
+    """Seconds of CPU a process has used itself, those of its reaped children, and its
+    parent's pid; None when it is gone or not readable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    # After the command: state, ppid, ..., utime (12th), stime, cutime, cstime.
+    own = (int(fields[11]) + int(fields[12])) / tick
+    reaped = (int(fields[13]) + int(fields[14])) / tick
+    return own, reaped, int(fields[1])
+
+
+def _is_postgres(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return False
+
+
+class CpuMeter:
+    """Core-seconds used so far by this process, the demo API's process and a PostgreSQL
+    server on this machine (the server's postmaster with every child it has, live or reaped)."""
+
+    def __init__(self, api_pid: int | None = None, postmaster: int | None = None) -> None:
+        self.api_pid, self.postmaster = api_pid, postmaster
+
+    def read(self) -> dict[str, float]:
+        times = os.times()
+        used = {"client": times.user + times.system}
+        if self.api_pid is not None and (api := _cpu_of(self.api_pid)) is not None:
+            used["API"] = api[0]
+        if self.postmaster is not None and (main := _cpu_of(self.postmaster)) is not None:
+            # A backend's CPU moves to the postmaster's reaped children when it exits.
+            total = main[0] + main[1]
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and (child := _cpu_of(int(entry.name))) is not None:
+                    if child[2] == self.postmaster:
+                        total += child[0]
+            used["PostgreSQL"] = total
+        return used
+
+    @contextmanager
+    def measure(self) -> Iterator[dict[str, float]]:
+        """Core-seconds each party used during the ``with`` block (filled in when it ends)."""
+        spent: dict[str, float] = {}
+        before = self.read()
+        try:
+            yield spent
+        finally:
+            after = self.read()
+            spent.update({who: after[who] - before[who] for who in after if who in before})
+
+
+def describe_cpu(spent: dict[str, float]) -> str:
+    """``client 1.90 + API 0.21 = 2.11 core-s``."""
+    parts = " + ".join(f"{who} {seconds:.2f}" for who, seconds in spent.items())
+    return f"{parts} = {sum(spent.values()):.2f} core-s"
+
+
 @dataclass
 class Timings:
     """Seconds spent in the parts of one ``run_sync`` call."""
@@ -134,6 +202,7 @@ class SyncResult:
     stats: SyncStats
     timings: Timings
     peak_rss_mb: float
+    cpu: dict[str, float]
 
     @property
     def rows_per_s(self) -> float:
@@ -146,6 +215,7 @@ class FetchOnlyResult:
     pages: int
     seconds: float
     peak_rss_mb: float
+    cpu: dict[str, float]
 
     @property
     def rows_per_s(self) -> float:
@@ -193,13 +263,13 @@ def timed_normalize(timings: Timings) -> Iterator[None]:
 # -- phases ----------------------------------------------------------------------------------
 
 
-def fetch_only(config: RestSourceConfig) -> FetchOnlyResult:
+def fetch_only(config: RestSourceConfig, meter: CpuMeter) -> FetchOnlyResult:
     """Phase A: walk every page via the Link header with one keep-alive client; decode each."""
     gc.collect()
     reset_peak()
     rows = pages = 0
     start = time.perf_counter()
-    with httpx.Client(headers={"Accept": "application/json"}) as client:
+    with meter.measure() as cpu, httpx.Client(headers={"Accept": "application/json"}) as client:
         url: str | None = config.url
         params: dict[str, Any] | None = dict(config.params)
         while url is not None:
@@ -209,20 +279,20 @@ def fetch_only(config: RestSourceConfig) -> FetchOnlyResult:
             pages += 1
             url, params = response.links.get("next", {}).get("url"), None
     seconds = time.perf_counter() - start
-    return FetchOnlyResult(rows, pages, seconds, phase_peak_mb())
+    return FetchOnlyResult(rows, pages, seconds, phase_peak_mb(), cpu)
 
 
-def full_sync(wh: Warehouse, config: RestSourceConfig, label: str) -> SyncResult:
+def full_sync(wh: Warehouse, config: RestSourceConfig, label: str, meter: CpuMeter) -> SyncResult:
     """One ``run_sync`` of the source, with fetch and normalize timed inside it."""
     gc.collect()
     reset_peak()
     source = TimedSource(RestSource(config))
     timings = source.timings
-    with timed_normalize(timings):
+    with timed_normalize(timings), meter.measure() as cpu:
         start = time.perf_counter()
         stats = run_sync(wh, source)
         timings.total = time.perf_counter() - start
-    return SyncResult(label, stats, timings, phase_peak_mb())
+    return SyncResult(label, stats, timings, phase_peak_mb(), cpu)
 
 
 # -- the demo API ----------------------------------------------------------------------------
@@ -232,6 +302,7 @@ def full_sync(wh: Warehouse, config: RestSourceConfig, label: str) -> SyncResult
 class DemoServer:
     url: str
     mutate: Callable[..., dict[str, Any]]
+    pid: int | None = None  # its own process, if it has one
 
 
 @contextmanager
@@ -259,7 +330,7 @@ def process_server(rows: int, seed: int) -> Iterator[DemoServer]:
             response.raise_for_status()
             return response.json()
 
-        yield DemoServer(url, mutate)
+        yield DemoServer(url, mutate, process.pid)
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -305,6 +376,17 @@ class Warehouses:
             self._schemas.clear()
         self._tmp.cleanup()
 
+    def postmaster(self) -> int | None:
+        """The pid of the PostgreSQL server's postmaster, if it runs on this machine."""
+        if self.backend != "postgres":
+            return None
+        with connect(self.pg_url) as probe:
+            # Read while the backend lives: its parent is the postmaster.
+            backend = _cpu_of(probe.fetch("SELECT pg_backend_pid()")[0][0])
+            if backend is None or not _is_postgres(backend[2]):
+                return None  # another machine's server (the pid is not one of ours)
+            return backend[2]
+
 
 # -- reporting -------------------------------------------------------------------------------
 
@@ -316,7 +398,31 @@ def describe_sync(result: SyncResult) -> str:
         f"rows/s [fetch (normalizing alongside) {t.fetch:.2f}s, normalize tail {t.normalize:.2f}s, "
         f"diff+write+commit "
         f"{t.rest:.2f}s] ins={s.inserted} upd={s.updated} del={s.deleted} "
-        f"unchanged={s.unchanged}; {memory_note()}"
+        f"unchanged={s.unchanged}; {memory_note()}; CPU {describe_cpu(result.cpu)}"
+    )
+
+
+def print_cpu_bound(
+    best_fetch: FetchOnlyResult, syncs: list[SyncResult], *, server_in_process: bool
+) -> None:
+    """How much CPU a first sync needed, and whether the machine's cores could have done it
+    within the target time at all."""
+    cores = len(os.sched_getaffinity(0))
+    least = min(syncs, key=lambda r: sum(r.cpu.values()))
+    needed = sum(least.cpu.values())
+    allowed = best_fetch.seconds / TARGET_RATIO
+    print(f"CPU fetch-only, best round: {describe_cpu(best_fetch.cpu)}")
+    print(f"CPU first sync, least of {len(syncs)} rounds: {describe_cpu(least.cpu)}")
+    if server_in_process:
+        print("  (the API runs in this process: its CPU is the client's)")
+    # With every core busy from start to end, a first sync takes needed / cores seconds: no
+    # schedule does better, so this is the best ratio this work can reach on this machine.
+    floor = needed / cores
+    verdict = "within reach" if floor <= allowed else "OUT OF REACH"
+    print(
+        f"CPU bound first sync: {needed:.2f} core-s on {cores} cores take at least {floor:.2f}s, "
+        f"ratio at most {best_fetch.seconds / floor:.2f}; the target allows {allowed:.2f}s "
+        f"({cores * allowed:.2f} core-s): {verdict}"
     )
 
 
@@ -371,32 +477,33 @@ def main(argv: list[str] | None = None) -> int:
             baseline_rss = peak_rss_mb()
             config = source_config(server.url, args.per_page)
             print(f"server {server.url}; backend {args.backend}; per_page {args.per_page}")
+            meter = CpuMeter(server.pid, warehouses.postmaster())
             wh = None
             for round_no in range(1, args.rounds + 1):
-                fetched = fetch_only(config)
+                fetched = fetch_only(config, meter)
                 fetches.append(fetched)
                 print(
                     f"A{round_no} fetch+decode only: {fetched.rows:,} rows, {fetched.pages} "
                     f"pages in {fetched.seconds:.2f}s = {fetched.rows_per_s:,.0f} rows/s; "
-                    f"{memory_note()}"
+                    f"{memory_note()}; CPU {describe_cpu(fetched.cpu)}"
                 )
                 assert fetched.rows == args.rows, f"fetched {fetched.rows} rows"
                 wh, where = warehouses.fresh()
-                result = full_sync(wh, config, f"B{round_no} full sync (first, {where})")
+                result = full_sync(wh, config, f"B{round_no} full sync (first, {where})", meter)
                 syncs.append(result)
                 print(describe_sync(result))
                 assert result.stats.inserted == args.rows, result.stats
                 assert result.stats.changed == args.rows, result.stats
 
             assert wh is not None
-            second = full_sync(wh, config, "C1 second sync (no change)")
+            second = full_sync(wh, config, "C1 second sync (no change)", meter)
             print(describe_sync(second))
             assert second.stats.changed == 0, f"expected no changes: {second.stats}"
             assert second.stats.unchanged == args.rows, second.stats
 
             mutated = server.mutate(update=1000, delete=100)
             assert len(mutated["updated"]) == 1000 and len(mutated["deleted"]) == 100
-            third = full_sync(wh, config, "C2 third sync (1000 updated, 100 deleted)")
+            third = full_sync(wh, config, "C2 third sync (1000 updated, 100 deleted)", meter)
             print(describe_sync(third))
             s = third.stats
             assert (s.inserted, s.updated, s.deleted) == (0, 1000, 100), s
@@ -437,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = rate / best_fetch.rows_per_s
         verdict = "TARGET MET" if ratio >= TARGET_RATIO else "TARGET MISSED"
         print(f"ratio {name} / fetch-only: {ratio:.2f} (target >= {TARGET_RATIO}): {verdict}")
+    print_cpu_bound(best_fetch, syncs, server_in_process=args.server == "thread")
     for name, rss in (
         ("first sync", max(s.peak_rss_mb for s in syncs)),
         ("re-sync", max(second.peak_rss_mb, third.peak_rss_mb)),
