@@ -169,10 +169,11 @@ def run_sync(
         with StreamingNormalizer(config, known_fields=list(known) if known else None) as pages:
             if full or (config.sync == "snapshot" and config.lists_everything):
                 # The walk lists everything: its stored keys and hashes are needed anyway, and
-                # with them in the stage first, unchanged rows are staged without payload. A
-                # sync committed meanwhile is caught by apply_sync (SyncConflict).
-                with wh.transaction():  # a read: committed at once, no transaction held open
-                    _load_stored(wh, config, pages.stage, complete=True)
+                # with them in the stage first, unchanged rows are staged without payload. They
+                # load while the walk starts (nothing else uses the warehouse's connection
+                # until the walk ends); the stage's batches wait for them. A sync committed
+                # meanwhile is caught by apply_sync (SyncConflict).
+                pages.stage.load_stored_aside(lambda: _load_every_stored(wh, config, pages.stage))
             fetched = source.fetch(
                 cursor=None if full else cursor, validators=validators, sink=pages.add
             )
@@ -309,6 +310,12 @@ def _create_diff(staged: StagedFetch, keys: list[str], *, complete: bool) -> Non
             seen_join=_key_join(keys, "s", "w"),
         )
     )
+
+
+def _load_every_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch) -> None:
+    """``_load_stored`` of every stored key, in a read transaction committed at once."""
+    with wh.transaction():
+        _load_stored(wh, config, staged, complete=True)
 
 
 def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, complete: bool) -> None:

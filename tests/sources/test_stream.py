@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import tracemalloc
 from datetime import UTC, datetime
@@ -99,6 +100,40 @@ def test_rows_that_match_their_stored_version_are_staged_without_payload() -> No
     whole, slim = (True, True, True), (False, False, True)
     assert rows.rows() == [(0, *whole), (1, *whole), (2, *whole), (3, *slim), (4, *whole)]
     assert frame["title"][0] == "edited"
+
+
+def test_stored_keys_load_beside_the_walk_and_batches_wait_for_them() -> None:
+    # A snapshot sync starts its walk while the stored keys and hashes load: the call returns
+    # at once, and batches normalized meanwhile wait for them, so an unchanged row is still
+    # staged as its key alone (were it stored before the load ended, it would be whole).
+    stored = normalize_batch([page(0, 4)], None, source()).frame
+    released = threading.Event()
+    with StreamingNormalizer(source(), batch_bytes=1) as pages:
+
+        def load() -> None:
+            released.wait(timeout=30)
+            pages.stage.load_stored(stored.select("id", "_content_hash", "_raw_hash").to_arrow())
+
+        pages.stage.load_stored_aside(load)
+        pages.add(page(0, 4), None)  # a full batch: handed to the worker, which must wait
+        pages.add(page(4, 1), None)
+        time.sleep(0.3)  # time enough for a worker that did not wait to store its batch
+        assert not pages.stage.has_stored
+        released.set()
+        staged, _ = pages.finish(FetchResult(documents=[], streamed=2), synced_at=SYNCED_AT)
+        frame = staged.frame().sort("id")
+    assert frame["_raw"].is_null().to_list() == [True, True, True, True, False]
+
+
+def test_a_failed_load_of_the_stored_keys_fails_the_walk() -> None:
+    def load() -> None:
+        raise RuntimeError("the warehouse went away")
+
+    with StreamingNormalizer(source(), batch_bytes=1) as pages:
+        pages.stage.load_stored_aside(load)
+        with pytest.raises(RuntimeError, match="went away"):
+            pages.add(page(0, 4), None)
+            pages.finish(FetchResult(documents=[], streamed=1), synced_at=SYNCED_AT)
 
 
 def test_field_types_come_from_the_first_non_null_value_over_all_batches() -> None:
