@@ -28,8 +28,9 @@ Peak RSS is printed for each phase: the kernel's high-water mark (``VmHWM``) is 
 phase starts, so each figure is that phase's own peak, a first sync's as well as a
 re-sync's (where /proc cannot reset it, the process's peak so far). With ``--server thread``
 the tracker's memory counts too. The last lines compare rows/s of each kind of sync with
-fetch-only and print ``TARGET MET`` when it reaches at least half the fetch-only rate, else
-``TARGET MISSED``, then the peak RSS of each kind of sync against ``MEMORY_TARGET_MIB``.
+fetch-only and print ``TARGET MET`` when it reaches its target (a first sync half the
+fetch-only rate, a re-sync 0.7 of it), else ``TARGET MISSED``, then the peak RSS of each
+kind of sync against ``MEMORY_TARGET_MIB``.
 
 Run from the repository root::
 
@@ -73,7 +74,10 @@ from changewatch.warehouse.sync import SyncStats, run_sync  # noqa: E402
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 SOURCE_NAME = "demo_issues"
+# Rows/s against fetch-only's (issue 9): a first sync at least half as fast, and a re-sync,
+# what runs every interval afterwards, at least 0.7 as fast.
 TARGET_RATIO = 0.5
+RESYNC_TARGET_RATIO = 0.7
 # Peak RSS a sync may reach, at any number of rows (issue 9: 600 MiB at a million).
 MEMORY_TARGET_MIB = 600
 
@@ -536,14 +540,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     # The target is judged per kind of sync: a first sync is a bulk load (every row written
     # to the table and the change log), a re-sync is what runs every interval afterwards.
-    for name, rate in (
-        ("first sync (bulk load)", best_sync.rows_per_s),
-        ("re-sync, no change", second.rows_per_s),
-        ("re-sync, 1k upd/100 del", third.rows_per_s),
+    for name, rate, target in (
+        ("first sync (bulk load)", best_sync.rows_per_s, TARGET_RATIO),
+        ("re-sync, no change", second.rows_per_s, RESYNC_TARGET_RATIO),
+        ("re-sync, 1k upd/100 del", third.rows_per_s, RESYNC_TARGET_RATIO),
     ):
         ratio = rate / best_fetch.rows_per_s
-        verdict = "TARGET MET" if ratio >= TARGET_RATIO else "TARGET MISSED"
-        print(f"ratio {name} / fetch-only: {ratio:.2f} (target >= {TARGET_RATIO}): {verdict}")
+        verdict = "TARGET MET" if ratio >= target else "TARGET MISSED"
+        print(f"ratio {name} / fetch-only: {ratio:.2f} (target >= {target}): {verdict}")
     print_cpu_bound(best_fetch, syncs, server_in_process=args.server == "thread")
     for name, rss in (
         ("first sync", max(s.peak_rss_mb for s in syncs)),
