@@ -3,8 +3,9 @@
 The fetched rows wait in the sync's stage (a private DuckDB that spills to disk, see
 ``sources.staged``); the stored keys and hashes are streamed in next to them and the diff and
 the change log are SQL there, so memory follows the batch size, not the table's. A snapshot
-sync streams them in before the walk, so rows that match their stored version are staged as
-their key only, and only payloads that moved are written back. The write is
+sync streams them in while its walk starts, before any batch is staged, so rows that match
+their stored version are staged as their key only, and only payloads that moved are written
+back. The write is
 one transaction holding the new rows, the change-log entries, the cursor and the run record,
 streamed in record batches, so a sync either lands whole or not at all and can simply be run
 again.

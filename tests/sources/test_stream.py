@@ -102,11 +102,11 @@ def test_rows_that_match_their_stored_version_are_staged_without_payload() -> No
     assert frame["title"][0] == "edited"
 
 
-def test_stored_keys_load_beside_the_walk_and_batches_wait_for_them() -> None:
+def test_stored_keys_load_beside_the_walk_and_batches_staged_before_are_whole() -> None:
     # A snapshot sync starts its walk while the stored keys and hashes load: the call returns
-    # at once, and batches normalized meanwhile wait for them, so an unchanged row is still
-    # staged as its key alone (were it stored before the load ended, it would be whole).
-    stored = normalize_batch([page(0, 4)], None, source()).frame
+    # at once, and a batch normalized meanwhile does not wait. Staged before the keys are in,
+    # unchanged rows are whole; after, they are their key alone. finish waits for the load.
+    stored = normalize_batch([page(0, 8)], None, source()).frame
     released = threading.Event()
     with StreamingNormalizer(source(), batch_bytes=1) as pages:
 
@@ -115,14 +115,20 @@ def test_stored_keys_load_beside_the_walk_and_batches_wait_for_them() -> None:
             pages.stage.load_stored(stored.select("id", "_content_hash", "_raw_hash").to_arrow())
 
         pages.stage.load_stored_aside(load)
-        pages.add(page(0, 4), None)  # a full batch: handed to the worker, which must wait
-        pages.add(page(4, 1), None)
-        time.sleep(0.3)  # time enough for a worker that did not wait to store its batch
+        pages.add(page(0, 4), None)  # a full batch: the worker stages it, without waiting
+        deadline = time.monotonic() + 30
+        with pages.stage.connection.cursor() as cursor:  # the worker has the connection
+            while cursor.execute("SELECT count(*) FROM fetched").fetchall()[0][0] < 4:
+                assert time.monotonic() < deadline, "the batch waited for the stored keys"
+                time.sleep(0.01)
         assert not pages.stage.has_stored
         released.set()
+        pages.stage.wait_stored()
+        pages.add(page(4, 4), None)
         staged, _ = pages.finish(FetchResult(documents=[], streamed=2), synced_at=SYNCED_AT)
+        assert staged.has_stored
         frame = staged.frame().sort("id")
-    assert frame["_raw"].is_null().to_list() == [True, True, True, True, False]
+    assert frame["_raw"].is_null().to_list() == [False] * 4 + [True] * 4
 
 
 def test_a_failed_load_of_the_stored_keys_fails_the_walk() -> None:
