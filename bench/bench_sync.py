@@ -272,17 +272,18 @@ def fetch_only(config: RestSourceConfig, meter: CpuMeter) -> FetchOnlyResult:
     gc.collect()
     reset_peak()
     rows = pages = 0
-    start = time.perf_counter()
-    with meter.measure() as cpu, httpx.Client(headers={"Accept": "application/json"}) as client:
-        url: str | None = config.url
-        params: dict[str, Any] | None = dict(config.params)
-        while url is not None:
-            response = client.get(url, params=params)
-            response.raise_for_status()
-            rows += len(orjson.loads(response.content))
-            pages += 1
-            url, params = response.links.get("next", {}).get("url"), None
-    seconds = time.perf_counter() - start
+    with meter.measure() as cpu:  # its reads of /proc stay out of the time
+        start = time.perf_counter()
+        with httpx.Client(headers={"Accept": "application/json"}) as client:
+            url: str | None = config.url
+            params: dict[str, Any] | None = dict(config.params)
+            while url is not None:
+                response = client.get(url, params=params)
+                response.raise_for_status()
+                rows += len(orjson.loads(response.content))
+                pages += 1
+                url, params = response.links.get("next", {}).get("url"), None
+        seconds = time.perf_counter() - start
     return FetchOnlyResult(rows, pages, seconds, phase_peak_mb(), cpu)
 
 

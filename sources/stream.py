@@ -145,7 +145,7 @@ class StreamingNormalizer:
                 mine.append(self._attempt(queued.pop()[1], cursor))
         for batch, _ in queued:  # in order: the first bad record is the one reported
             self._fields.append(batch.result())
-        self.stage.wait_stored()  # when no batch came, nothing has waited for it yet
+        self.stage.wait_stored()  # the stored keys, loading beside the walk: the diff needs them
         self._queue.clear()
         for done in reversed(mine):
             if isinstance(done, Exception):

@@ -3,8 +3,8 @@
 The fetched rows wait in the sync's stage (a private DuckDB that spills to disk, see
 ``sources.staged``); the stored keys and hashes are streamed in next to them and the diff and
 the change log are SQL there, so memory follows the batch size, not the table's. A snapshot
-sync streams them in while its walk starts, before any batch is staged, so rows that match
-their stored version are staged as their key only, and only payloads that moved are written
+sync streams them in while its walk starts, so rows that match their stored version are
+staged as their key only (once the keys are in), and only payloads that moved are written
 back. The write is
 one transaction holding the new rows, the change-log entries, the cursor and the run record,
 streamed in record batches, so a sync either lands whole or not at all and can simply be run
@@ -170,10 +170,10 @@ def run_sync(
         with StreamingNormalizer(config, known_fields=list(known) if known else None) as pages:
             if full or (config.sync == "snapshot" and config.lists_everything):
                 # The walk lists everything: its stored keys and hashes are needed anyway, and
-                # with them in the stage first, unchanged rows are staged without payload. They
-                # load while the walk starts (nothing else uses the warehouse's connection
-                # until the walk ends); the stage's batches wait for them. A sync committed
-                # meanwhile is caught by apply_sync (SyncConflict).
+                # with them in the stage, unchanged rows are staged without payload. They load
+                # while the walk starts (nothing else uses the warehouse's connection until the
+                # walk ends); batches staged before they are in are staged whole. A sync
+                # committed meanwhile is caught by apply_sync (SyncConflict).
                 pages.stage.load_stored_aside(lambda: _load_every_stored(wh, config, pages.stage))
             fetched = source.fetch(
                 cursor=None if full else cursor, validators=validators, sink=pages.add
