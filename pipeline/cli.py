@@ -265,12 +265,12 @@ def _validate(config: ChangewatchConfig) -> int:
 
 
 def _info(path: str | None) -> int:
-    from changewatch.pipeline.config import config_path
-    from changewatch.pipeline.runner import instance, locations
+    # Names the places without loading Dagster or the warehouse: it answers at once.
+    from changewatch.pipeline.locations import config_path, dagster_home, locations_line
 
     config = config_path(path).resolve()
     print(f"watches file: {config}" + ("" if config.is_file() else " (missing)"))
-    print(locations(instance()))
+    print(locations_line(dagster_home()))
     return 0
 
 

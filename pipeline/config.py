@@ -28,6 +28,7 @@ from changewatch.evaluators.filters import (
 )
 from changewatch.evaluators.templates import template_problems
 from changewatch.pipeline.errors import ConfigError
+from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
@@ -49,8 +50,6 @@ __all__ = [
     "load_config",
 ]
 
-CONFIG_ENV = "CHANGEWATCH_CONFIG"
-DEFAULT_CONFIG = "watches.yaml"
 # Versions of the watches file format this code reads.
 VERSIONS = (1,)
 
@@ -142,11 +141,6 @@ class ChangewatchConfig(BaseModel):
             if source.name == name:
                 return source
         raise KeyError(f"no source {name!r}; known: {[s.name for s in self.sources]}")
-
-
-def config_path(path: str | Path | None = None) -> Path:
-    """The watches file to use: ``path``, else ``$CHANGEWATCH_CONFIG``, else ``watches.yaml``."""
-    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
 def load_config(path: str | Path | None = None) -> ChangewatchConfig:

@@ -13,7 +13,8 @@ from changewatch.channels.outbox import DigestWindowOpen, send_digest_window
 from changewatch.evaluators.debounce import settle_debounced
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import instance, materialize
+from changewatch.pipeline.runner import instance, run_job
+from changewatch.pipeline.wiring import digest_job_name
 from changewatch.warehouse import connect
 
 __all__ = ["day_window", "send_day"]
@@ -72,8 +73,11 @@ def send_day(
             f"digest {digest.name!r} starts on {first}: set `start:` on it in the watches "
             f"file to send {day}"
         )
-    asset = f"digest_{digest.name}"
-    results = materialize(
-        config, [asset], dagster_instance or instance(), partition_key=day.isoformat()
+    # The digest's own job, the one its schedule runs: the UI lists both kinds of runs together.
+    results = run_job(
+        config,
+        digest_job_name(digest.name),
+        dagster_instance or instance(),
+        partition_key=day.isoformat(),
     )
-    return results[asset]
+    return results[f"digest_{digest.name}"]

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import dagster as dg
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.judge import Judge, build_client
+from changewatch.pipeline.locations import WAREHOUSE_URL_ENV
 from changewatch.warehouse import DEFAULT_URL, Warehouse, connect, describe_url
 
 __all__ = [
@@ -20,7 +21,6 @@ __all__ = [
     "warehouse_url",
 ]
 
-WAREHOUSE_URL_ENV = "CHANGEWATCH_WAREHOUSE_URL"
 # The pool of every warehouse-writing asset on DuckDB, and the prefix of the pools on PostgreSQL.
 WAREHOUSE_POOL = "warehouse"
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://", "postgresql+psycopg2://")

@@ -5,25 +5,28 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.errors import RunFailed
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.locations import (
+    DAGSTER_HOME_ENV,
+    dagster_home,
+    locations_line,
+    warehouse_location,
+)
 from changewatch.pipeline.sensors import sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
-from changewatch.warehouse import DEFAULT_URL, describe_url
-from changewatch.warehouse.backends import duckdb_path
 from dagster._utils.error import SerializableErrorInfo
 
 __all__ = [
     "instance",
     "locations",
     "materialize",
+    "run_job",
     "source_job_assets",
     "sync_source",
     "warehouse_location",
@@ -37,28 +40,18 @@ _QUIET = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
 def instance() -> dg.DagsterInstance:
     """The instance runs are recorded in: ``$DAGSTER_HOME``, or this folder if it holds
     the project's dagster.yaml (so ``dagster dev`` shows the runs), else an ephemeral one."""
-    if not os.environ.get("DAGSTER_HOME") and Path("dagster.yaml").is_file():
-        os.environ["DAGSTER_HOME"] = str(Path.cwd())
-    if os.environ.get("DAGSTER_HOME"):
-        return dg.DagsterInstance.get()
-    return dg.DagsterInstance.ephemeral()
-
-
-def warehouse_location() -> str:
-    """Where the commands read and write: the DuckDB file's absolute path, or the URL
-    without its password."""
-    url = os.environ.get(WAREHOUSE_URL_ENV) or DEFAULT_URL
-    if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
-        return describe_url(url)
-    return str(duckdb_path(url).resolve())
+    home = dagster_home()
+    if home is None:
+        return dg.DagsterInstance.ephemeral()
+    os.environ[DAGSTER_HOME_ENV] = home
+    return dg.DagsterInstance.get()
 
 
 def locations(dagster_instance: dg.DagsterInstance) -> str:
     """One line naming the Dagster instance and the warehouse a command uses, so a run
     started outside the repository says where to look for it."""
     home = dagster_instance.root_directory if not dagster_instance.is_ephemeral else None
-    where = home or "ephemeral (runs are not kept; set DAGSTER_HOME to keep them)"
-    return f"dagster instance: {where}  warehouse: {warehouse_location()}"
+    return locations_line(home)
 
 
 def source_job_assets(config: ChangewatchConfig, sources: Sequence[str]) -> list[str]:
@@ -101,10 +94,29 @@ def sync_source(
 ) -> dict[str, dict[str, Any]]:
     """Run the source's own job (sync, its watches, delivery), as the sensor would: the run
     is recorded under the job's name, so the UI lists it with the sensor's runs."""
-    job = build_definitions(config).resolve_job_def(sync_job_name(config.source(source)))
+    return run_job(
+        config,
+        sync_job_name(config.source(source)),
+        dagster_instance,
+        tags={**sync_tags([source]), **(tags or {})},
+    )
+
+
+def run_job(
+    config: ChangewatchConfig,
+    job_name: str,
+    dagster_instance: dg.DagsterInstance,
+    *,
+    partition_key: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Run one job of the definitions in process, recorded under its own name (as its sensor
+    or schedule would run it); return each materialized asset's metadata values."""
+    job = build_definitions(config).resolve_job_def(job_name)
     result = job.execute_in_process(
         instance=dagster_instance,
-        tags={**sync_tags([source]), **(tags or {})},
+        partition_key=partition_key,
+        tags=tags or {},
         run_config=_QUIET,
         raise_on_error=False,  # _metadata raises RunFailed, after collecting what did run
     )

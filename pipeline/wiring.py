@@ -27,9 +27,14 @@ from changewatch.pipeline.watch_assets import (
     notifications_asset,
 )
 
-__all__ = ["DELIVER_JOB", "build_definitions"]
+__all__ = ["DELIVER_JOB", "build_definitions", "digest_job_name"]
 
 DELIVER_JOB = "deliver_notifications"
+
+
+def digest_job_name(name: str) -> str:
+    """The job that sends digest ``name``: its schedule's and `changewatch digest`'s runs."""
+    return f"digest_{name}_job"
 
 
 def build_definitions(
@@ -71,7 +76,7 @@ def build_definitions(
         )
     digest_jobs = [
         dg.define_asset_job(
-            f"digest_{name}_job",
+            digest_job_name(name),
             selection=dg.AssetSelection.assets(asset.key),
             executor_def=dg.in_process_executor,
             description=f"Send the {name} digest of one day.",

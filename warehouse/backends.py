@@ -17,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import polars as pl
 import pyarrow as pa
 from changewatch.warehouse.statements import literal, quote, render
+from changewatch.warehouse.urls import DEFAULT_URL, WarehouseError, describe_url, duckdb_path
 
 __all__ = [
     "DEFAULT_URL",
@@ -29,7 +30,6 @@ __all__ = [
     "describe_url",
 ]
 
-DEFAULT_URL = "duckdb:///.changewatch/warehouse.duckdb"
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Rows per DuckDB row group (DuckDB's default is 122,880): small enough that a sync of some
 # tens of thousands of rows is written while it is inserted, large enough to compress well.
@@ -38,8 +38,6 @@ ROW_GROUP_ROWS = 16_384
 MEMORY_LIMIT = "128MB"
 # Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
-# libpq parameters that carry secrets; never shown.
-_SECRET_PARAMS = {"password", "sslpassword", "passfile", "sslkey"}
 # How long a first sync's second connection waits for a lock on the source table. It only ever
 # needs a shared one, which the sync's own connection holds too; a wait means someone queued
 # for an exclusive lock behind the sync, which would otherwise wait for the sync forever.
@@ -49,10 +47,6 @@ _LOAD_LOCK_TIMEOUT = "10s"
 # What can be staged or bulk loaded: a frame, an Arrow table, or Arrow record batches streamed
 # from elsewhere (read once).
 Rows = pl.DataFrame | pa.Table | pa.RecordBatchReader
-
-
-class WarehouseError(Exception):
-    """The warehouse URL is wrong or the warehouse refused a statement."""
 
 
 class Warehouse(ABC):
@@ -520,51 +514,6 @@ def _libpq_reason(error: Exception) -> str:
         if marker in text:
             return text.rpartition(marker)[2].strip() or text
     return text
-
-
-def duckdb_path(url: str) -> Path:
-    """File path of a DuckDB URL.
-
-    >>> str(duckdb_path("duckdb:///data/w.duckdb")), str(duckdb_path("duckdb:////tmp/w.duckdb"))
-    ('data/w.duckdb', '/tmp/w.duckdb')
-    """
-    if url.startswith("duckdb:///"):
-        return Path(url[len("duckdb:///") :])
-    if "://" in url:
-        raise WarehouseError(
-            f"unsupported warehouse URL scheme in {describe_url(url)!r}: "
-            "use duckdb:///path.duckdb or postgresql://user@host/db"
-        )
-    return Path(url)
-
-
-def describe_url(url: str) -> str:
-    """The URL without its password, safe for logs and metadata.
-
-    >>> describe_url("postgresql://app:s3cret@db:5432/prod?schema=cw")
-    'postgresql://app@db:5432/prod?schema=cw'
-    >>> describe_url("postgresql://app:s3cret@[::1]:5432/prod")
-    'postgresql://app@[::1]:5432/prod'
-    >>> describe_url("postgresql://app@db/prod?password=s3cret&sslmode=require")
-    'postgresql://app@db/prod?sslmode=require'
-    >>> describe_url("duckdb:////tmp/w.duckdb")
-    'duckdb:////tmp/w.duckdb'
-    """
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k.lower() not in _SECRET_PARAMS]
-    if parts.password is None and len(query) == len(parse_qsl(parts.query)):
-        return url  # nothing to hide: the URL as given
-    parts = parts._replace(query=urlencode(query))
-    if parts.password is None:
-        return urlunsplit(parts)
-    netloc = parts.hostname or ""
-    if ":" in netloc:
-        netloc = f"[{netloc}]"  # an IPv6 address keeps its brackets
-    if parts.username:
-        netloc = f"{parts.username}@{netloc}"
-    if parts.port:
-        netloc = f"{netloc}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _split_schema(url: str) -> tuple[str, str | None]:

@@ -16,6 +16,7 @@ from changewatch.pipeline.config import load_config
 from changewatch.pipeline.watch_assets import digest_partitions
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
+from dagster import DagsterInstance, DagsterRunStatus
 from test_cli import run_cli
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
@@ -129,5 +130,12 @@ def test_today_is_refused_whole_and_sent_so_far_with_partial(
     yesterday = run_cli("digest", "daily", cwd=tmp_path, **env)
     assert yesterday.returncode == 0, yesterday.stderr
     assert yesterday.stdout == "digest_daily: empty, 0 item(s)\n"
+    # Under the digest's own job, the one its schedule runs, not an ad hoc asset job.
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        runs = {run.job_name: run for run in instance.get_runs()}
+    assert set(runs) == {"sync_demo_issues", "digest_daily_job"}
+    assert runs["digest_daily_job"].status == DagsterRunStatus.SUCCESS
+    day = date.fromisoformat(runs["digest_daily_job"].tags["dagster/partition"])
+    assert day in {datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2)}  # past midnight
     early = run_cli("digest", "daily", "--day", "2020-01-01", cwd=tmp_path, **env)
     assert early.returncode == 1 and "set `start:`" in early.stderr
