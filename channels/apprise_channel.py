@@ -10,6 +10,7 @@ import functools
 import os
 import warnings
 from types import ModuleType
+from typing import ClassVar
 
 from changewatch.channels.base import DeliveryError, Notification, strip_controls
 from changewatch.channels.config import AppriseChannelConfig
@@ -51,6 +52,9 @@ def apprise_text(notification: Notification) -> tuple[str, str]:
 
 class AppriseChannel:
     """Notifies the one Apprise URL found in `$url_env`."""
+
+    # Chat services show every copy: a send cut short by a crash is never repeated.
+    retry_after_crash: ClassVar[bool] = False
 
     def __init__(self, config: AppriseChannelConfig):
         self.name = config.name

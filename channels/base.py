@@ -21,6 +21,7 @@ __all__ = [
     "Channel",
     "DeliveryError",
     "Notification",
+    "ResumableChannel",
     "jsonable",
     "notification_id_for",
     "safe_link",
@@ -180,7 +181,13 @@ class DeliveryError(Exception):
 
 @runtime_checkable
 class Channel(Protocol):
-    """Somewhere notifications go. `send` returns once delivered or raises DeliveryError."""
+    """Somewhere notifications go. `send` returns once delivered or raises DeliveryError.
+
+    A channel class may set ``retry_after_crash = True`` when its receiver recognises a
+    repeat (a webhook's `webhook-id`, a file line's notification id): a send interrupted by a
+    crash is then sent again (at least once); otherwise it is parked, never repeated (at
+    most once). Absent, it is False.
+    """
 
     name: str
 
@@ -196,3 +203,14 @@ class BatchChannel(Channel, Protocol):
     """
 
     def send_batch(self, notifications: Sequence[Notification]) -> list[DeliveryError | None]: ...
+
+
+@runtime_checkable
+class ResumableChannel(Channel, Protocol):
+    """A channel that can tell which notifications an interrupted attempt already delivered.
+
+    `already_delivered` gets the notifications whose earlier send was cut short by a crash and
+    returns the ids of those that did arrive, so they are recorded as sent, not sent again.
+    """
+
+    def already_delivered(self, notifications: Sequence[Notification]) -> set[str]: ...

@@ -16,7 +16,7 @@ from changewatch.channels.email import EmailChannel
 from changewatch.channels.file import FileChannel
 from changewatch.channels.webhook import WebhookChannel
 
-__all__ = ["build_channel"]
+__all__ = ["build_channel", "retries_after_crash"]
 
 
 def build_channel(
@@ -39,3 +39,20 @@ def build_channel(
         case AppriseChannelConfig():
             return AppriseChannel(config)
     raise TypeError(f"no channel for configuration of type {type(config).__name__}")
+
+
+_CLASSES: dict[type, type] = {
+    ConsoleChannelConfig: ConsoleChannel,
+    FileChannelConfig: FileChannel,
+    EmailChannelConfig: EmailChannel,
+    WebhookChannelConfig: WebhookChannel,
+    AppriseChannelConfig: AppriseChannel,
+}
+
+
+def retries_after_crash(config: object) -> bool:
+    """Whether a send to this channel cut short by a crash is sent again (see ``Channel``).
+
+    Read from the channel's class, so nothing is built (no secret read) to know it.
+    """
+    return bool(getattr(_CLASSES.get(type(config)), "retry_after_crash", False))

@@ -7,13 +7,14 @@ import string
 from datetime import date, timedelta
 from typing import Annotated, Literal
 
-from changewatch.sources.base import EnvVarName, Identifier
+from changewatch.sources.base import Duration, EnvVarName, Identifier
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AppriseChannelConfig",
     "ChannelConfig",
     "ConsoleChannelConfig",
+    "DeliveryConfig",
     "DigestConfig",
     "EmailChannelConfig",
     "FeedbackConfig",
@@ -130,6 +131,23 @@ ChannelConfig = Annotated[
     | AppriseChannelConfig,
     Field(discriminator="type"),
 ]
+
+
+class DeliveryConfig(_Model):
+    """How notifications are delivered (the watches file's ``delivery:`` block)."""
+
+    # How long a delivery may stay claimed ('sending') before it counts as cut short by a
+    # crash: then sent again to a webhook or file, parked as dead for the other channels. It
+    # must outlast any send (the config check wants twice every channel's timeout), or a slow
+    # send would be taken for a crashed one.
+    lease: Duration = 600.0
+
+    @field_validator("lease")
+    @classmethod
+    def _positive(cls, lease: float) -> float:
+        if lease <= 0:
+            raise ValueError("the delivery lease must be positive")
+        return lease
 
 
 class FeedbackConfig(_Model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import TextIO
+from typing import ClassVar, TextIO
 
 from changewatch.channels.base import Notification, strip_controls
 
@@ -19,7 +19,7 @@ def _indent(text: str, prefix: str = "    ") -> list[str]:
 
 
 def format_console_block(notification: Notification) -> str:
-    """The block printed for `notification`: a headline, where it came from, the gist, the link."""
+    """The block printed for `notification`: a headline, where it came from, its body, the link."""
     n = notification
     mark = _MARKS.get(n.urgency, "*")
     title = " ".join(strip_controls(n.title).split())
@@ -28,7 +28,9 @@ def format_console_block(notification: Notification) -> str:
         f"    {strip_controls(n.watch)} | {strip_controls(n.source)} {strip_controls(n.kind)} "
         f"{strip_controls(n.object_key)} | {n.created_at.isoformat(timespec='seconds')}",
     ]
-    text = n.summary if n.summary else n.body
+    # The watch's rendered body says what its author wants read (by default the summary);
+    # the summary stands in only for a blank body.
+    text = n.body if n.body and n.body.strip() else n.summary
     if text and text.strip():
         lines.extend(_indent(text))
     if n.url:
@@ -38,6 +40,9 @@ def format_console_block(notification: Notification) -> str:
 
 class ConsoleChannel:
     """Writes each notification to `stream` (resolved at send time: sys.stdout by default)."""
+
+    # A reader cannot tell a repeated block: a print cut short by a crash is never repeated.
+    retry_after_crash: ClassVar[bool] = False
 
     def __init__(self, name: str, stream: TextIO | None = None):
         self.name = name

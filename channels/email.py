@@ -8,6 +8,7 @@ import json
 import re
 from email.message import EmailMessage
 from email.utils import format_datetime
+from typing import ClassVar
 
 from changewatch.channels.base import Notification, jsonable, safe_link, strip_controls
 from changewatch.channels.config import EmailChannelConfig
@@ -132,6 +133,9 @@ def build_notification_message(
 
 class EmailChannel:
     """Sends each notification as one email to the configured recipients."""
+
+    # A mailbox cannot drop a second copy: a send cut short by a crash is never repeated.
+    retry_after_crash: ClassVar[bool] = False
 
     def __init__(self, config: EmailChannelConfig):
         self.name = config.name

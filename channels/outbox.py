@@ -1,15 +1,16 @@
 """From the outbox to people: deliver due notifications, and send each digest window once.
 
 Delivery is a small state machine per (notification, channel) in the ``deliveries`` table:
-claimed (committed) before the send, settled after it. A definite failure is retried with
-exponential backoff until the attempt limit, then dead-lettered. A send interrupted by a
-crash is never retried blindly: it may have arrived, and a notification goes out at most once.
+claimed (committed) before the send, settled as soon as the send's outcome is known. A
+definite failure is retried with exponential backoff until the attempt limit, then
+dead-lettered.
 
-Deliveries go in batches per channel: one transaction claims a batch, the channel sends it
-(``send_batch`` in one call, else one message at a time), one transaction records every
-outcome. A crash between the two leaves the whole batch claimed, and the next pass after the
-lease parks all of it as dead, sent or not: the price of two transactions per batch instead
-of two per notification, kept small by small batches for channels that send one by one.
+Channels that send one message at a time (email, webhook, apprise, console) claim and record
+each message in its own small transaction: the send costs far more. A file channel claims a
+batch, appends it in one write and records it in one transaction. A crash thus leaves
+'sending' only the message (or the file's batch) in flight; the first pass after the claim
+lease (``recovery``) sends it again where the receiver recognises a repeat (webhook, file) and
+parks it as dead where it does not (email, apprise, console: at most once).
 """
 
 from __future__ import annotations
@@ -21,16 +22,24 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
-from changewatch.channels.base import BatchChannel, Channel, DeliveryError, Notification
+from changewatch.channels.base import (
+    BatchChannel,
+    Channel,
+    DeliveryError,
+    Notification,
+    ResumableChannel,
+)
 from changewatch.channels.build import build_channel
 from changewatch.channels.config import (
     ChannelConfig,
+    DeliveryConfig,
     DigestConfig,
     EmailChannelConfig,
     FeedbackConfig,
 )
 from changewatch.channels.digest import DigestItem, build_digest_message, write_digest_files
 from changewatch.channels.feedback import FeedbackLinks, FeedbackSecretMissing
+from changewatch.channels.recovery import REQUEUED, recover_interrupted
 from changewatch.channels.smtp import send_email
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import ensure_delivery_tables
@@ -53,13 +62,18 @@ class DeliveryPolicy:
     max_attempts: int = 6
     backoff_base: timedelta = timedelta(seconds=30)
     backoff_max: timedelta = timedelta(hours=1)
-    # A claim older than this belongs to a process that died while sending.
-    lease: timedelta = timedelta(minutes=10)
-    # Deliveries claimed, sent and recorded together. A crash between claim and record parks
-    # the whole batch as dead, so channels sending one message at a time (email, webhook...),
-    # where a batch saves little next to the sends, get small batches.
+    # A claim older than this belongs to a process that died while sending (`delivery: lease`).
+    lease: timedelta = timedelta(seconds=DeliveryConfig().lease)
+    # Deliveries to a file claimed, written and recorded together (one write).
     batch_size: int = 1000
+    # Notifications read at a time for the channels that send one by one (each is still
+    # claimed and recorded on its own).
     message_batch_size: int = 20
+
+    @classmethod
+    def from_config(cls, config: DeliveryConfig) -> DeliveryPolicy:
+        """The policy the watches file's ``delivery:`` block sets (defaults elsewhere)."""
+        return cls(lease=timedelta(seconds=config.lease))
 
     def next_attempt(self, attempts: int, now: datetime, retry_after: float | None) -> datetime:
         """When to try again after ``attempts`` failures.
@@ -77,12 +91,16 @@ class DeliveryPolicy:
 
 @dataclass
 class DeliveryStats:
-    """What one delivery pass did."""
+    """What one delivery pass did. ``dead`` counts the interrupted sends parked, too."""
 
     sent: int = 0
     retrying: int = 0
     dead: int = 0
+    # Sends cut short by a crash (found past the lease): parked as dead, or sent again.
     interrupted: int = 0
+    requeued: int = 0
+    # Sends cut short by a crash that had arrived (a file's lines): recorded, not repeated.
+    found_delivered: int = 0
     by_channel: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
 
@@ -92,6 +110,7 @@ class DeliveryStats:
             "retrying": self.retrying,
             "dead_lettered": self.dead,
             "interrupted_sends_parked": self.interrupted,
+            "interrupted_sends_requeued": self.requeued,
             "sent_by_channel": json.dumps(self.by_channel, sort_keys=True),
         }
 
@@ -107,18 +126,34 @@ def deliver_due(
 ) -> DeliveryStats:
     """Send every pending delivery whose time has come; return what happened.
 
-    Deliveries go channel by channel, in batches: each batch is claimed in one transaction,
-    sent (a channel with ``send_batch`` takes it in one call), and its outcomes recorded in
-    one transaction. With ``feedback``, each notification carries its signed feedback links;
-    when their secret is not set, every delivery fails saying so.
+    First, sends a crash cut short (claimed longer than the lease ago) are sent again or
+    parked (``recovery``). Then deliveries go channel by channel: one message at a time,
+    each claimed and recorded in its own transaction, or, to a channel with ``send_batch``,
+    in batches claimed, written and recorded together. With ``feedback``, each notification
+    carries its signed feedback links; when their secret is not set, every delivery fails
+    saying so.
     """
     policy = policy or DeliveryPolicy()
     stats = DeliveryStats()
     started = now()
     with wh.transaction():
         ensure_delivery_tables(wh)
-        parked = wh.fetch(render("update_deliveries_stale", wh.dialect), (started - policy.lease,))
-        stats.interrupted = len(parked)
+    recovered = recover_interrupted(
+        wh, channels, lease=policy.lease, max_attempts=policy.max_attempts, now=started
+    )
+    for channel_name, count in recovered.requeued.items():
+        stats.requeued += count
+        stats.log.append(
+            f"{channel_name}: {count} send(s) cut short by a crash sent again (the receiver "
+            "recognises a repeat)"
+        )
+    for channel_name, count in recovered.parked.items():
+        stats.interrupted += count
+        stats.dead += count
+        stats.log.append(
+            f"{channel_name}: {count} send(s) cut short by a crash dead-lettered, not sent "
+            "again (it may have arrived; this channel delivers at most once)"
+        )
     due = wh.fetch_frame(render("select_deliveries_due", wh.dialect), (started,))
     if due.is_empty():
         return stats
@@ -139,108 +174,115 @@ def deliver_due(
                 channel = build(configured[channel_name])
             except Exception as failure:  # noqa: BLE001 - counted as each delivery's failure
                 channel = failure
-        size = policy.batch_size if isinstance(channel, BatchChannel) else policy.message_batch_size
+        # A channel that cannot send (unknown, failed to build) fails each delivery at once:
+        # in batches, like a file.
+        one_by_one = (
+            channel
+            if isinstance(channel, Channel) and not isinstance(channel, BatchChannel)
+            else None
+        )
+        size = policy.batch_size if one_by_one is None else policy.message_batch_size
         for offset in range(0, rows.height, size):
             batch = rows.slice(offset, size)
-            _deliver_batch(wh, channel_name, channel, batch, policy, now, stats, links)
+            notifications = _read(wh, batch, links)
+            if one_by_one is None:
+                _deliver_batch(wh, channel_name, channel, notifications, policy, now, stats)
+                continue
+            for notification in notifications:
+                _deliver_one(wh, channel_name, one_by_one, notification, policy, now, stats)
     return stats
 
 
-# What one send came to: None when delivered, the failure, or _UNSENT when handed back unsent.
-_UNSENT = object()
+def _read(wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None) -> list[Notification]:
+    """The notifications of ``batch``, in its order."""
+    # Read before any claim: a notification that cannot be read stops the pass with nothing
+    # of this batch claimed, rather than leaving it to be parked as interrupted.
+    with wh.staged("cw_due", batch.select("notification_id")) as stage:
+        content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
+    by_id = {
+        row["notification_id"]: _notification(row, links) for row in content.iter_rows(named=True)
+    }
+    return [by_id[i] for i in batch.get_column("notification_id")]
+
+
+def _deliver_one(
+    wh: Warehouse,
+    channel_name: str,
+    channel: Channel,
+    notification: Notification,
+    policy: DeliveryPolicy,
+    now: Callable[[], datetime],
+    stats: DeliveryStats,
+) -> None:
+    """Claim one delivery, send it, and record its outcome at once."""
+    with wh.transaction():
+        claimed = wh.fetch(
+            render("claim_deliveries", wh.dialect),
+            (now(), notification.notification_id, channel_name),
+        )
+    if not claimed:
+        return  # another deliverer took it
+    [(attempts, _)] = claimed
+    try:
+        channel.send(notification)
+        outcome: Exception | None = None
+    except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+        outcome = failure
+    row = _settle(channel_name, notification, attempts, outcome, now(), policy, stats)
+    with wh.transaction():
+        wh.execute(render("finish_deliveries", wh.dialect), row)
 
 
 def _deliver_batch(
     wh: Warehouse,
     channel_name: str,
     channel: Channel | Exception | None,
-    batch: pl.DataFrame,
+    notifications: list[Notification],
     policy: DeliveryPolicy,
     now: Callable[[], datetime],
     stats: DeliveryStats,
-    links: FeedbackLinks | None = None,
 ) -> None:
-    """Claim ``batch`` (deliveries to one channel), send it, and record every outcome."""
-    # Read before the claim: a notification that cannot be read stops the pass with nothing
-    # of this batch claimed, rather than parking the batch as interrupted.
-    with wh.staged("cw_due", batch.select("notification_id")) as stage:
-        content = wh.fetch_frame(render("select_outbox_staged", wh.dialect, stage=stage))
-    by_id = {
-        row["notification_id"]: _notification(row, links) for row in content.iter_rows(named=True)
-    }
+    """Claim ``notifications`` (to one channel), write them at once, and record every outcome."""
+    ids = pl.DataFrame(
+        {
+            "notification_id": [n.notification_id for n in notifications],
+            "channel": [channel_name] * len(notifications),
+        },
+        schema={"notification_id": pl.String, "channel": pl.String},
+    )
     claimed_at = now()
     with wh.transaction():
         # Claims of concurrent deliverers take turns, so their row locks never deadlock.
         wh.lock("changewatch:deliver")
-        with wh.staged("cw_claim", batch.select("notification_id", "channel")) as stage:
+        with wh.staged("cw_claim", ids) as stage:
             claimed = wh.fetch_frame(
                 render("claim_deliveries_staged", wh.dialect, stage=stage), (claimed_at,)
             )
     if claimed.is_empty():
         return  # another deliverer took them
     # In due order: RETURNING promises none.
-    claimed = batch.select("notification_id").join(
-        claimed.select("notification_id", "attempts"), on="notification_id", maintain_order="left"
+    by_id = {n.notification_id: n for n in notifications}
+    claimed = ids.select("notification_id").join(
+        claimed.select("notification_id", "attempts", "last_error"),
+        on="notification_id",
+        maintain_order="left",
     )
-    notifications = [by_id[i] for i in claimed.get_column("notification_id")]
-    deadline = claimed_at + policy.lease / 2
-    outcomes, times = _send(channel_name, channel, notifications, deadline, now)
-
+    batch = [by_id[i] for i in claimed.get_column("notification_id")]
+    # A batch whose earlier write a crash cut short: its lines that did arrive are not repeated.
+    resumed = [
+        n
+        for n, error in zip(batch, claimed.get_column("last_error"), strict=True)
+        if error == REQUEUED
+    ]
+    outcomes = _send_batch(channel_name, channel, batch, resumed)
+    finished = now()
     finish: dict[str, list[Any]] = {name: [] for name in _FINISH_SCHEMA}
-    for notification, attempts, outcome, finished in zip(
-        notifications, claimed.get_column("attempts"), outcomes, times, strict=True
+    for notification, attempts, outcome in zip(
+        batch, claimed.get_column("attempts"), outcomes, strict=True
     ):
-        error, retry_after, status = None, None, "sent"
-        if outcome is _UNSENT:
-            # Never attempted: back to pending as it was before the claim.
-            status, attempts = "pending", attempts - 1
-        elif isinstance(outcome, DeliveryError):
-            error, retry_after = str(outcome)[:1000], outcome.retry_after
-            status = "pending" if outcome.retryable and attempts < policy.max_attempts else "dead"
-        elif isinstance(outcome, Exception):
-            # The send raised before completing; treat it as a failed, retryable attempt.
-            error = f"{type(outcome).__name__}: {outcome}"[:1000]
-            status = "pending" if attempts < policy.max_attempts else "dead"
-        next_attempt = (
-            policy.next_attempt(attempts, finished, retry_after)
-            if status == "pending" and error is not None
-            else finished
-        )
-        for name, value in zip(
-            _FINISH_SCHEMA,
-            (
-                notification.notification_id,
-                channel_name,
-                status,
-                attempts,
-                finished if status == "sent" else None,
-                next_attempt,
-                error,
-                outcome is _UNSENT,
-            ),
-            strict=True,
-        ):
+        row = _settle(channel_name, notification, attempts, outcome, finished, policy, stats)
+        for name, value in zip(_FINISH_SCHEMA, row, strict=True):
             finish[name].append(value)
-        if status == "sent":
-            stats.sent += 1
-            stats.by_channel[channel_name] = stats.by_channel.get(channel_name, 0) + 1
-        elif error is None:
-            pass  # handed back unsent; logged once below
-        elif status == "pending":
-            stats.retrying += 1
-            stats.log.append(
-                f"{channel_name}: {notification.title!r} failed (attempt {attempts}), "
-                f"retrying at {next_attempt:%H:%M:%S}: {error}"
-            )
-        else:
-            stats.dead += 1
-            stats.log.append(f"{channel_name}: {notification.title!r} dead-lettered: {error}")
-    unsent = sum(outcome is _UNSENT for outcome in outcomes)
-    if unsent:
-        stats.log.append(
-            f"{channel_name}: {unsent} deliveries left for the next pass: their batch reached "
-            "half the claim lease"
-        )
     # Recorded per batch: a crash later in the pass leaves this batch already settled.
     with wh.transaction():
         with wh.staged("cw_finish", pl.DataFrame(finish, schema=_FINISH_SCHEMA)) as stage:
@@ -251,48 +293,78 @@ _FINISH_SCHEMA = {
     "notification_id": pl.String,
     "channel": pl.String,
     "status": pl.String,
-    "attempts": pl.Int32,
     "delivered_at": pl.Datetime("us", "UTC"),
     "next_attempt_at": pl.Datetime("us", "UTC"),
     "last_error": pl.String,
-    "handed_back": pl.Boolean,
 }
 
 
-def _send(
+def _settle(
+    channel_name: str,
+    notification: Notification,
+    attempts: int,
+    outcome: Exception | None,
+    finished: datetime,
+    policy: DeliveryPolicy,
+    stats: DeliveryStats,
+) -> tuple[Any, ...]:
+    """The deliveries row (as _FINISH_SCHEMA) for one send's outcome; counted and logged."""
+    error, retry_after, status = None, None, "sent"
+    if isinstance(outcome, DeliveryError):
+        error, retry_after = str(outcome)[:1000], outcome.retry_after
+        status = "pending" if outcome.retryable and attempts < policy.max_attempts else "dead"
+    elif outcome is not None:
+        # The send raised before completing; treat it as a failed, retryable attempt.
+        error = f"{type(outcome).__name__}: {outcome}"[:1000]
+        status = "pending" if attempts < policy.max_attempts else "dead"
+    next_attempt = (
+        policy.next_attempt(attempts, finished, retry_after) if status == "pending" else finished
+    )
+    if status == "sent":
+        stats.sent += 1
+        stats.by_channel[channel_name] = stats.by_channel.get(channel_name, 0) + 1
+    elif status == "pending":
+        stats.retrying += 1
+        stats.log.append(
+            f"{channel_name}: {notification.title!r} failed (attempt {attempts}), "
+            f"retrying at {next_attempt:%H:%M:%S}: {error}"
+        )
+    else:
+        stats.dead += 1
+        stats.log.append(f"{channel_name}: {notification.title!r} dead-lettered: {error}")
+    return (
+        notification.notification_id,
+        channel_name,
+        status,
+        finished if status == "sent" else None,
+        next_attempt,
+        error,
+    )
+
+
+def _send_batch(
     channel_name: str,
     channel: Channel | Exception | None,
     notifications: list[Notification],
-    deadline: datetime,
-    now: Callable[[], datetime],
-) -> tuple[list[Any], list[datetime]]:
-    """Each notification's outcome (None, its failure, or _UNSENT) and when it was known."""
+    resumed: list[Notification],
+) -> list[Exception | None]:
+    """Each notification's outcome: None when delivered, else its failure."""
     count = len(notifications)
     if channel is None:
         failure = DeliveryError(f"channel {channel_name!r} is not configured", retryable=False)
-        return [failure] * count, [now()] * count
+        return [failure] * count
     if isinstance(channel, Exception):  # building the channel failed
-        return [channel] * count, [now()] * count
-    if isinstance(channel, BatchChannel):
-        try:
-            outcomes: list[Any] = list(channel.send_batch(notifications))
-        except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
-            outcomes = [failure] * count
-        return outcomes, [now()] * count
-    outcomes, times = [], []
-    for notification in notifications:
-        # A batch must be recorded well within the lease, or a deliverer starting meanwhile
-        # would park the deliveries still to come as interrupted.
-        if now() >= deadline:
-            outcomes.append(_UNSENT)
-        else:
-            try:
-                channel.send(notification)
-                outcomes.append(None)
-            except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
-                outcomes.append(failure)
-        times.append(now())
-    return outcomes, times
+        return [channel] * count
+    try:
+        arrived: set[str] = set()
+        if resumed and isinstance(channel, ResumableChannel):
+            arrived = channel.already_delivered(resumed)
+        assert isinstance(channel, BatchChannel), "deliver_due sends the others one by one"
+        unsent = [n for n in notifications if n.notification_id not in arrived]
+        sent = iter(channel.send_batch(unsent))
+        return [None if n.notification_id in arrived else next(sent) for n in notifications]
+    except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
+        return [failure] * count
 
 
 def _notification(row: dict[str, Any], links: FeedbackLinks | None = None) -> Notification:

@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from email.utils import parsedate_to_datetime
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -72,6 +73,9 @@ def _retry_after(value: str | None) -> float | None:
 
 class WebhookChannel:
     """POSTs `notification.to_json()` to a URL; 2xx is delivered."""
+
+    # Every attempt carries the same `webhook-id`, by which the receiver drops a repeat.
+    retry_after_crash: ClassVar[bool] = True
 
     def __init__(self, config: WebhookChannelConfig):
         self.name = config.name

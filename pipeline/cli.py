@@ -492,6 +492,16 @@ def summarize(asset: str, meta: dict) -> str:
         return (
             f"{asset}: {meta['sent']} delivered, {meta['retrying']} to retry, "
             f"{meta['dead_lettered']} dead-lettered"
+            + (
+                f" ({meta['interrupted_sends_parked']} cut short by a crash)"
+                if meta.get("interrupted_sends_parked")
+                else ""
+            )
+            + (
+                f", {meta['interrupted_sends_requeued']} requeued after a crash"
+                if meta.get("interrupted_sends_requeued")
+                else ""
+            )
             + (f", {suppressed} suppressed by debounce" if suppressed else "")
         )
     if "changes_deleted" in meta:

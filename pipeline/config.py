@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import yaml
 from changewatch.channels.config import (
     ChannelConfig,
+    DeliveryConfig,
     DigestConfig,
     EmailChannelConfig,
     FeedbackConfig,
@@ -71,6 +72,8 @@ class ChangewatchConfig(BaseModel):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     # Signed feedback links in notifications (off without it).
     feedback: FeedbackConfig | None = None
+    # How notifications are delivered: the claim lease after which a send counts as crashed.
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
 
     @field_validator("version")
     @classmethod
@@ -244,6 +247,18 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
         problems.append(
             (("retention", "cron"), f"{config.retention.cron!r} is not a valid cron schedule")
         )
+    for channel in config.channels:
+        # A send still under way when its claim expires would be taken for a crashed one.
+        timeout = getattr(channel, "timeout", None)
+        if timeout is not None and config.delivery.lease < 2 * timeout:
+            problems.append(
+                (
+                    ("delivery", "lease"),
+                    f"the lease ({config.delivery.lease:g}s) must be at least twice channel "
+                    f"{channel.name!r}'s timeout ({timeout:g}s): a slower send would be taken "
+                    "for one a crash cut short; raise delivery.lease or lower the timeout",
+                )
+            )
     for i, digest in enumerate(config.digests):
         if not is_valid_cron_string(digest.cron):
             problems.append(

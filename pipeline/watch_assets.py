@@ -173,7 +173,7 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
     Debounced notifications whose window has ended are settled first (released or
     suppressed), so the pass that releases one also sends it.
     """
-    from changewatch.channels.outbox import deliver_due
+    from changewatch.channels.outbox import DeliveryPolicy, deliver_due
     from changewatch.evaluators.debounce import settle_debounced
 
     sources = {s.name: s for s in config.sources}
@@ -199,7 +199,12 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
     ) -> dg.MaterializeResult:
         with warehouse.connect() as wh:
             settled = settle_debounced(wh, config.watches, sources)
-            stats = deliver_due(wh, config.channels, feedback=config.feedback)
+            stats = deliver_due(
+                wh,
+                config.channels,
+                policy=DeliveryPolicy.from_config(config.delivery),
+                feedback=config.feedback,
+            )
         for line in settled.log + stats.log:
             context.log.info(line)
         return dg.MaterializeResult(metadata=stats.metadata() | settled.metadata())

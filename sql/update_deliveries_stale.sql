@@ -1,7 +1,7 @@
--- A delivery still 'sending' long after it was claimed belongs to a process that died during
--- the send. It may or may not have arrived; retrying could deliver it twice, so it is parked
--- as dead, with a reason, for a person to look at.
+-- The other deliveries still 'sending' past the claim lease (run after requeue_deliveries):
+-- to a channel that delivers at most once (email, apprise, console), or out of attempts. It
+-- may have arrived, so it is parked as dead with the reason ($2), for a person to look at.
 UPDATE deliveries
-SET status = 'dead', last_error = 'interrupted while sending; not retried so it cannot arrive twice'
+SET status = 'dead', last_error = $2
 WHERE status = 'sending' AND claimed_at < $1
-RETURNING notification_id
+RETURNING notification_id, channel

@@ -19,7 +19,9 @@ def test_console_prints_a_compact_block(notification_factory) -> None:
     lines = text.splitlines()
     assert lines[0] == "! [high] Issue #42 closed: crash on start"
     assert "closed_bugs | demo_issues update 42 | 2024-05-02T06:30:00+00:00" in lines[1]
-    assert "    The crash on start was fixed and the issue closed." in lines
+    # The watch's rendered body, not the automatic summary.
+    assert "    state: open -> closed" in lines
+    assert "The crash on start was fixed" not in text
     assert "    https://tracker.example/issues/42" in lines
     assert text.endswith("\n\n")
 
@@ -33,7 +35,13 @@ def test_console_defaults_to_stdout_and_strips_terminal_escapes(
     printed = capsys.readouterr().out
     assert "\x1b" not in printed and "\x07" not in printed
     assert "[2J[31mred title" in printed
-    assert "state: open -> closed" in printed  # the body, as there is no summary
+    assert "state: open -> closed" in printed
+
+
+def test_console_shows_the_summary_only_for_a_blank_body(notification_factory) -> None:
+    out = io.StringIO()
+    ConsoleChannel("out", stream=out).send(notification_factory(body="  "))
+    assert "    The crash on start was fixed and the issue closed." in out.getvalue()
 
 
 def test_file_appends_one_json_line_per_notification(notification_factory, tmp_path) -> None:
