@@ -146,13 +146,31 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=8090, help="port (default: 8090)")
 
     query = commands.add_parser("sql", help="run one read-only SQL statement on the warehouse")
-    query.add_argument("query", help="one SQL statement (the connection refuses writes)")
+    query.add_argument("query", help="one SELECT or WITH statement over the warehouse's tables")
     query.add_argument(
         "--format",
         choices=("table", "csv", "json"),
         help="output format (default: table, cut to fit only when printing to a terminal)",
     )
+    query.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="end the query after this long (default: 60)",
+    )
     return parser
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    return value
 
 
 class _Version(argparse.Action):
@@ -211,7 +229,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "sql":
         from changewatch.pipeline.query import run_query
 
-        run_query(args.query, fmt=args.format)
+        run_query(args.query, fmt=args.format, timeout=args.timeout)
         return 0
     if args.command == "demo-api":
         from changewatch.sources.demo.server import main as serve

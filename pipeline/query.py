@@ -1,18 +1,31 @@
-"""`changewatch sql`: one statement on a read-only connection, shown as a table, CSV or JSON."""
+"""`changewatch sql`: one checked read on a sandboxed connection, shown as a table, CSV or JSON."""
 
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, TextIO
+import threading
+from typing import TYPE_CHECKING, Any, TextIO
 
-from changewatch.pipeline.errors import UsageError
+from changewatch.pipeline.errors import ChangewatchError, UsageError
 
 if TYPE_CHECKING:
     import polars as pl
+    import pyarrow as pa
+    from changewatch.warehouse import Warehouse
 
-__all__ = ["FORMATS", "run_query", "single_statement"]
+__all__ = ["DEFAULT_TIMEOUT", "FORMATS", "QueryTimeout", "run_query", "single_statement"]
 
 FORMATS = ("table", "csv", "json")
+# Seconds a query may run (`--timeout`): on PostgreSQL the server's statement_timeout, so a
+# query whose client was killed ends by itself too.
+DEFAULT_TIMEOUT = 60.0
+# PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout.
+_QUERY_CANCELED = "57014"
+_TIMED_OUT = "canceling statement due to statement timeout"
+
+
+class QueryTimeout(ChangewatchError):
+    """The query ran past its time limit."""
 
 
 def single_statement(query: str, dialect: str) -> str:
@@ -54,17 +67,82 @@ def single_statement(query: str, dialect: str) -> str:
     return query[: statements[0][-1].end + 1].strip()
 
 
-def run_query(query: str, *, fmt: str | None, out: TextIO = sys.stdout) -> None:
-    """Run ``query`` on a read-only connection to the warehouse and print its result.
+def run_query(
+    query: str, *, fmt: str | None, timeout: float = DEFAULT_TIMEOUT, out: TextIO = sys.stdout
+) -> None:
+    """Check ``query`` (a read of the warehouse's tables, see ``warehouse.read_guard``), run it
+    on a read-only, sandboxed connection for at most ``timeout`` seconds and print its result.
 
     ``fmt`` None: a table, cut to fit a terminal only when ``out`` is one.
     """
     from changewatch.warehouse import connect
 
     with connect(read_only=True) as wh:
-        statement = single_statement(query, wh.dialect)
-        frame = wh.fetch_frame(statement)
-    _print(frame, fmt or "table", out)
+        statement = _checked(wh, single_statement(query, wh.dialect))
+        table = _fetch(wh, statement, timeout)
+    _print(_frame(table), fmt or "table", out)
+
+
+def _checked(wh: Warehouse, statement: str) -> str:
+    """The SQL to run for ``statement``, or ``UsageError`` saying what was refused."""
+    from changewatch.warehouse.read_guard import QueryRefused, QueryUnreadable, read_guard
+    from changewatch.warehouse.statements import render
+
+    rows = wh.fetch(render("select_tables_schema", wh.dialect))
+    catalog, schema = rows[0][0], rows[0][1] or getattr(wh, "schema", None) or "public"
+    # PostgreSQL names a table by schema; DuckDB by catalog (the attached file) and schema.
+    qualifier = [schema] if wh.dialect == "postgres" else [catalog, schema]
+    tables = {name.lower(): name for _, _, name in rows if name is not None}
+    try:
+        return read_guard(statement, dialect=wh.dialect, tables=tables, schema=qualifier)
+    except QueryUnreadable as error:
+        raise UsageError(str(error)) from None
+    except QueryRefused as error:
+        raise UsageError(f"refused: {error}") from None
+
+
+def _fetch(wh: Warehouse, statement: str, timeout: float) -> pa.Table:
+    """Run ``statement`` for at most ``timeout`` seconds, or ``QueryTimeout``."""
+    limit = QueryTimeout(
+        f"the query ran past its {timeout:g} s limit (--timeout SECONDS to change it)"
+    )
+    if wh.dialect == "postgres":
+        # The server's own limit: it ends the query even if this process is killed.
+        milliseconds = max(1, round(timeout * 1000))
+        with wh.transaction():  # committed: the session keeps the settings
+            wh.execute(f"SET statement_timeout = {milliseconds}")
+            wh.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
+        try:
+            return wh.fetch_batches(statement).read_all()
+        except Exception as error:
+            # Streamed results fail as a pyarrow OSError, without the SQLSTATE.
+            if getattr(error, "sqlstate", None) == _QUERY_CANCELED or _TIMED_OUT in str(error):
+                raise limit from None
+            raise
+    # DuckDB has no statement timeout: a watchdog interrupts the statement, again and again
+    # until it returns (an interrupt that lands between two steps of a statement is lost).
+    done, fired = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        if done.wait(timeout):
+            return
+        fired.set()
+        while True:
+            wh.cancel()
+            if done.wait(0.05):
+                return
+
+    watchdog = threading.Thread(target=watch, name="changewatch-sql-timeout", daemon=True)
+    watchdog.start()
+    try:
+        return wh.fetch_batches(statement).read_all()
+    except Exception:
+        if fired.is_set():
+            raise limit from None
+        raise
+    finally:
+        done.set()
+        watchdog.join()
 
 
 def _print(frame: pl.DataFrame, fmt: str, out: TextIO) -> None:
@@ -106,3 +184,69 @@ def _flat(frame: pl.DataFrame) -> pl.DataFrame:
         .alias(name)
         for name in nested
     )
+
+
+def _frame(table: pa.Table) -> pl.DataFrame:
+    """``table`` as a polars frame every format can print: binary values as hex text, and
+    types polars cannot hold or write (intervals, unions, PostgreSQL's own types) as text.
+
+    >>> import pyarrow as pa
+    >>> _frame(pa.table({"b": [b"\\x00A", None], "n": pa.nulls(2)})).rows()
+    [('0041', None), (None, None)]
+    """
+    import polars as pl
+    import pyarrow as pa
+
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if isinstance(field.type, pa.BaseExtensionType):  # PostgreSQL's json, numeric, void...
+            column = pa.chunked_array(
+                [chunk.storage for chunk in column.chunks], field.type.storage_type
+            )
+        if _needs_text(column.type):
+            column = pa.array([_text(value) for value in column.to_pylist()])
+        columns.append(column)
+    return pl.from_arrow(pa.table(columns, names=_unique(table.column_names)), rechunk=False)
+
+
+def _unique(names: list[str]) -> list[str]:
+    """Column names made unique (PostgreSQL names both of ``count(*), count(x)`` "count").
+
+    >>> _unique(["count", "n", "count", "count"])
+    ['count', 'n', 'count_2', 'count_3']
+    """
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        unique.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return unique
+
+
+def _needs_text(kind: pa.DataType) -> bool:
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if isinstance(kind, pa.BaseExtensionType):
+        return True
+    if t.is_binary(kind) or t.is_large_binary(kind) or t.is_fixed_size_binary(kind):
+        return True
+    if t.is_binary_view(kind) or t.is_interval(kind) or t.is_union(kind):
+        return True
+    return any(_needs_text(kind.field(i).type) for i in range(kind.num_fields))
+
+
+def _text(value: Any) -> Any:
+    """A Python value from Arrow with bytes as hex and intervals as text, nesting kept."""
+    import pyarrow as pa
+
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, pa.MonthDayNano):
+        months, days, nanoseconds = value
+        return f"{months} months {days} days {nanoseconds / 1e9:g} seconds"
+    if isinstance(value, dict):
+        return {key: _text(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_text(item) for item in value]
+    return value

@@ -176,6 +176,15 @@ class DuckDBWarehouse(Warehouse):
         self._con.execute(f"USE {quote(catalog)}")
         # Timestamps leave as UTC whatever the machine's zone, so both backends read the same.
         self._con.execute("SET TimeZone = 'UTC'")
+        if read_only:
+            # A sandbox for `changewatch sql`: no file, extension or database beyond the
+            # warehouse (set after the ATTACH, which it would refuse), and no setting changes.
+            self._con.execute("SET enable_external_access = false")
+            self._con.execute("SET lock_configuration = true")
+
+    def cancel(self) -> None:
+        """Interrupt this connection's running statement (from any thread)."""
+        self._con.interrupt()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self._con.execute(sql, list(params))
@@ -476,7 +485,8 @@ def connect(url: str | None = None, *, read_only: bool = False) -> Warehouse:
     ending in ``.duckdb`` open DuckDB; ``postgresql://...`` opens PostgreSQL, where an extra
     ``schema=name`` query parameter selects (and creates) the schema used. ``read_only``:
     the database itself refuses every write (DuckDB attaches the file read-only, PostgreSQL
-    makes the session's transactions read-only); nothing is created.
+    makes the session's transactions read-only); nothing is created. A read-only DuckDB
+    connection reaches no other file and cannot change its settings.
     """
     url = url or os.environ.get("CHANGEWATCH_WAREHOUSE_URL") or DEFAULT_URL
     if url.startswith(("postgresql://", "postgres://", "postgresql+psycopg2://")):
