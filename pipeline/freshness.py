@@ -1,4 +1,4 @@
-"""Freshness policies for sync assets: a source that stops syncing shows up in the UI."""
+"""Freshness policies for sync assets: a scheduled source that stops syncing shows up in the UI."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import timedelta
 from itertools import islice, pairwise
 
 import dagster as dg
+from changewatch.pipeline.triggers import scheduled_by_default
 from changewatch.sources import SourceConfig
 from dagster._utils.schedules import cron_string_iterator  # the cron parser Dagster itself uses
 
@@ -39,8 +40,12 @@ def sync_period(source: SourceConfig) -> timedelta:
     return timedelta(seconds=max(gaps))
 
 
-def source_freshness(source: SourceConfig) -> dg.FreshnessPolicy:
-    """Warn after two missed syncs, fail after three."""
+def source_freshness(source: SourceConfig) -> dg.FreshnessPolicy | None:
+    """Warn after two missed syncs, fail after three; ``None`` for a source nothing syncs
+    until someone starts its trigger (the demo API's stopped sensor): it is not late, and a
+    policy would turn the UI red some minutes after `changewatch demo`."""
+    if not scheduled_by_default(source):
+        return None
     period = sync_period(source)
     # Dagster refuses windows under a minute: a source polled every few seconds gets those.
     warn = max(period * MISSED_SYNCS_WARN, MIN_WINDOW)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
 from changewatch.pipeline.timing import due_slot, jitter_offset
+from changewatch.pipeline.triggers import DEMO_API_URL, is_demo_source
 from changewatch.sources import SourceConfig
 
 __all__ = [
@@ -31,14 +32,6 @@ __all__ = [
 SYNC_SENSOR = "sync_due_sources"
 DEBOUNCE_SCHEDULE = "deliver_debounced"
 DEMO_SENSOR = "sync_demo_api"
-# Where `changewatch demo-api` serves by default. The bundled watches.yaml points there when
-# no demo is running, so a source at this address only works while someone serves it.
-DEMO_API_URL = "http://127.0.0.1:8765"
-
-
-def is_demo_source(source: SourceConfig) -> bool:
-    """Whether ``source`` reads the demo API at its default address."""
-    return str(getattr(source, "base_url", "")).rstrip("/") == DEMO_API_URL
 
 
 def sync_job_name(source: SourceConfig) -> str:

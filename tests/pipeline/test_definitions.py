@@ -356,7 +356,7 @@ def test_dagster_validate_names_file_line_and_key_of_a_bad_config(tmp_path):
 
 
 def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_path):
-    data = bundled()
+    data = live(bundled())
     interval_source = data["sources"][0]  # every 5m, jitter 20s
     weekday_source = {
         **interval_source,
@@ -383,6 +383,36 @@ def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_pat
     assert windows("fast") == (timedelta(minutes=1), timedelta(minutes=2))
     # Only what syncs has a clock: evaluations follow their source.
     assert graph.get(dg.AssetKey("eval_new_bugs")).freshness_policy is None
+
+
+def test_freshness_follows_whether_the_source_is_scheduled(tmp_path):
+    """The demo API's sensor starts stopped: nothing syncs its source until someone starts
+    it, so the source is not late (the UI stays green after `changewatch demo`)."""
+    data = bundled()
+    demo_source = data["sources"][0]
+    data["sources"] += [
+        {**demo_source, "name": "live", "table": "live", "base_url": "https://t.example.com"},
+        {**demo_source, "name": "nightly", "table": "nightly", "cron": "0 3 * * *"},
+    ]
+    defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
+    graph = defs.resolve_asset_graph()
+    fresh = {
+        key.to_user_string()
+        for key in graph.get_all_asset_keys()
+        if graph.get(key).freshness_policy is not None
+    }
+    # The demo API's source: only its stopped sensor would sync it. The live one: the running
+    # sync sensor. The nightly one, on the demo API too: its schedule starts running.
+    assert fresh == {"live", "nightly"}
+    assert defs.resolve_sensor_def(DEMO_SENSOR).default_status == dg.DefaultSensorStatus.STOPPED
+    assert defs.resolve_schedule_def("sync_nightly_schedule").default_status == (
+        dg.DefaultScheduleStatus.RUNNING
+    )
+
+
+def test_the_bundled_definitions_carry_no_freshness_policy_without_a_running_trigger(defs):
+    graph = defs.resolve_asset_graph()
+    assert [k for k in graph.get_all_asset_keys() if graph.get(k).freshness_policy] == []
 
 
 def pools_by_asset(defs: dg.Definitions) -> dict[str, str | None]:
