@@ -79,6 +79,8 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 f"{source.name}: change storm: {stats.changed} changes in one sync; they are "
                 f"held from evaluation until `changewatch release {source.name}`"
             )
+        if stats.rows_duplicate:
+            context.log.warning(f"{source.name}: {_duplicates(stats, source)}")
         context.log.info(
             f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
             f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
@@ -86,6 +88,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         return dg.MaterializeResult(
             metadata={
                 "rows_fetched": stats.rows_fetched,
+                "rows_duplicate": stats.rows_duplicate,
                 "inserted": stats.inserted,
                 "updated": stats.updated,
                 "deleted": stats.deleted,
@@ -117,6 +120,23 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         )
 
     return _sync
+
+
+def _duplicates(stats: SyncStats, source: SourceConfig) -> str:
+    """How many records repeated a key of the sync, and which one each key kept.
+
+    >>> from changewatch.sources.base import SourceBase
+    >>> config = SourceBase(name="s", type="rest", table="t", primary_key="id",
+    ...                     columns={"id": "bigint"})
+    >>> _duplicates(SyncStats("s", "x", rows_duplicate=2), config)
+    '2 record(s) repeated a key of this sync; each key keeps its last record in walk order'
+    """
+    kept = (
+        f"its newest record by {source.updated_at}, then the last in walk order"
+        if source.updated_at
+        else "its last record in walk order"
+    )
+    return f"{stats.rows_duplicate} record(s) repeated a key of this sync; each key keeps {kept}"
 
 
 def _drift(stats: SyncStats) -> str:

@@ -482,6 +482,8 @@ def summarize(asset: str, meta: dict) -> str:
         )
         if meta.get("not_modified"):
             line += "; not modified (every request answered 304)"
+        if meta.get("rows_duplicate"):
+            line += f"; {meta['rows_duplicate']} repeated key(s) merged (the newest kept)"
         if meta.get("silent"):
             line += "; recorded silently (baseline or backfill)"
         if meta.get("schema_drift"):

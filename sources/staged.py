@@ -51,6 +51,12 @@ MEMORY_LIMIT = "160MB"
 TWO_STREAMS_MEMORY_LIMIT = "192MB"
 # Rows per Arrow record batch read out of the stage: a warehouse row group.
 STREAM_ROWS = 16_384
+# What DuckDB needs, in memory, per byte of the largest JSON document it normalizes: parsing
+# allocates yyjson arenas that grow by doubling and cannot spill. Measured (one record with
+# one large value): 20 MB needed 320 MB, 64 MiB 1.28 GB, 100 MB 1.6-2 GB; peak RSS was about
+# 11 times the document. The stage grows to this for a large document (``make_room``), so
+# ordinary pages (a few MiB at most) stay within MEMORY_LIMIT.
+PARSE_BYTES_PER_BYTE = 24
 
 # Declared types as DuckDB stores them here. JSON stays text, as it leaves normalization.
 STAGE_TYPES = {
@@ -79,12 +85,17 @@ class StagedFetch:
     def __init__(self, config: SourceBase, *, memory_limit: str = MEMORY_LIMIT) -> None:
         self.config = config
         self._tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
+        # The memory limit now, in bytes; only ever raised (make_room, two_streams).
+        self._memory_limit = _bytes(memory_limit)
+        self._room = threading.Lock()
         try:
             self._create(memory_limit)
         except BaseException:
             self.close()  # a half-made stage leaves no database or spill folder behind
             raise
         self.synced_at: datetime | None = None
+        # Records merged into another of the same key by keep_newest.
+        self.duplicates = 0
         # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
         self.has_stored = False
         self._lookup: list[str] = []
@@ -210,12 +221,15 @@ class StagedFetch:
         if self._storing is not None:
             self._storing.result()
 
-    def keep_newest(self) -> None:
-        """One row per key: an object seen twice in the walk keeps its newest version."""
+    def keep_newest(self) -> int:
+        """One row per key: an object seen twice in the walk keeps its newest version, the one
+        with the latest updated-at (none counts as oldest), else the last in walk order.
+        Returns (and keeps in ``duplicates``) how many records were merged away."""
         keys = ", ".join(_q(k) for k in self.config.primary_key)
         duplicates = self.fetch(f"SELECT count(*) - count(DISTINCT ({keys})) FROM walked")[0][0]
+        self.duplicates = duplicates
         if not duplicates:
-            return
+            return 0
         newest = f"{_q(self.config.updated_at)} DESC NULLS LAST, " if self.config.updated_at else ""
         for table in ("fetched", "seen"):  # the copies of one object may be in either
             self.execute(
@@ -223,10 +237,25 @@ class StagedFetch:
                     table=table, keys=keys, order=f"{newest}_arrival DESC"
                 )
             )
+        return duplicates
 
     def two_streams(self) -> None:
         """Make room for two results streamed out at once (see ``TWO_STREAMS_MEMORY_LIMIT``)."""
-        self.connection.execute(f"SET memory_limit = '{TWO_STREAMS_MEMORY_LIMIT}'")
+        self._raise_limit(_bytes(TWO_STREAMS_MEMORY_LIMIT), self.connection)
+
+    def make_room(self, document_bytes: int, connection: duckdb.DuckDBPyConnection) -> None:
+        """Let DuckDB hold what normalizing a document of ``document_bytes`` takes (see
+        ``PARSE_BYTES_PER_BYTE``), through ``connection`` (this stage's, or a cursor of it):
+        the limit is the database's, and stays raised for the rest of the sync, whose diff
+        and change log carry the same large value."""
+        self._raise_limit(PARSE_BYTES_PER_BYTE * document_bytes, connection)
+
+    def _raise_limit(self, limit: int, connection: duckdb.DuckDBPyConnection) -> None:
+        with self._room:
+            if limit <= self._memory_limit:
+                return
+            connection.execute(f"SET memory_limit = '{limit // 1024}KiB'")
+            self._memory_limit = limit
 
     @property
     def height(self) -> int:
@@ -278,6 +307,16 @@ def _create_from(
         connection.execute(f"CREATE OR REPLACE TABLE {_q(name)} AS FROM cw_incoming")
     finally:
         connection.unregister("cw_incoming")
+
+
+def _bytes(limit: str) -> int:
+    """Bytes of a DuckDB memory limit written in MB.
+
+    >>> _bytes("160MB")
+    160000000
+    """
+    assert limit.endswith("MB"), limit
+    return int(limit[:-2]) * 1000 * 1000
 
 
 def _q(identifier: str) -> str:

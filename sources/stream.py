@@ -20,6 +20,7 @@ import duckdb
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.normalize import merge_fields, normalize_into
 from changewatch.sources.staged import StagedFetch
+from changewatch.sources.values import check_value_sizes
 
 __all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
 
@@ -69,6 +70,8 @@ class StreamingNormalizer:
         # most ever held: what bounds a sync's memory.
         self.holding = 0
         self.peak_holding = 0
+        # The largest document so far: what normalizing (and storing) one value may take.
+        self.largest_document = 0
         # Batches the walk normalized itself while the worker was behind (see _submit).
         self.taken_over = 0
         self._pending: list[bytes] = []
@@ -103,12 +106,15 @@ class StreamingNormalizer:
         self._collect()
         if self._pending and records_path != self._records_path:
             self._submit()  # a batch holds documents of one shape
+        # A value over max_value_bytes fails here, before any memory is spent on it.
+        check_value_sizes(document, records_path, self.config)
         self._records_path = records_path
         self._pending.append(document)
         self._pending_bytes += len(document)
         self.received += 1
         self.holding += 1
         self.peak_holding = max(self.peak_holding, self.holding)
+        self.largest_document = max(self.largest_document, len(document))
         if self._pending_bytes >= (self.batch_bytes if self._submitted else self.first_batch_bytes):
             self._submit()
 
@@ -223,6 +229,7 @@ class StreamingNormalizer:
         connection: duckdb.DuckDBPyConnection,
     ) -> _Fields:
         """Normalize one batch straight into the stage through ``connection``."""
+        self.stage.make_room(max(map(len, documents)), connection)
         return normalize_into(
             partial(self.stage.insert, connection=connection),
             documents,

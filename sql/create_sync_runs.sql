@@ -18,5 +18,7 @@ CREATE TABLE IF NOT EXISTS sync_runs (
     silent BOOLEAN,
     storm_held BOOLEAN,
     not_modified BOOLEAN,
+    -- Records whose key came again in the same sync, merged into one row (see keep_newest).
+    rows_duplicate BIGINT,
     error TEXT
 )

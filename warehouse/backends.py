@@ -36,6 +36,9 @@ _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 ROW_GROUP_ROWS = 16_384
 # What a DuckDB warehouse's buffer pool may hold in memory.
 MEMORY_LIMIT = "128MB"
+_MEMORY_LIMIT_BYTES = 128 * 1000 * 1000
+# What a DuckDB warehouse needs in memory per byte of the largest value it writes (make_room).
+_VALUE_ROOM = 6
 # Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # How long a first sync's second connection waits for a lock on the source table. It only ever
@@ -125,6 +128,11 @@ class Warehouse(ABC):
         """
         yield False
 
+    def make_room(self, value_bytes: int) -> None:
+        """Let this connection write values of up to ``value_bytes`` (a sync's largest
+        document), where the warehouse bounds its own memory. Nothing to do elsewhere."""
+        return
+
     @abstractmethod
     def lock(self, key: str) -> None:
         """Hold an exclusive lock on ``key`` until the current transaction ends."""
@@ -168,6 +176,7 @@ class DuckDBWarehouse(Warehouse):
         # up to 80% of the machine's memory, so a sync's memory would follow the table size.
         # Beyond the limit it evicts cached blocks and spills to a temporary directory.
         self._con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT})
+        self._memory_limit = _MEMORY_LIMIT_BYTES  # raised by make_room
         try:
             self._con.execute(f"ATTACH {literal(str(self.path))} AS {quote(catalog)} ({options})")
         except duckdb.IOException as error:
@@ -204,6 +213,14 @@ class DuckDBWarehouse(Warehouse):
 
     def unstage(self, name: str) -> None:
         self._con.unregister(name)
+
+    def make_room(self, value_bytes: int) -> None:
+        # One value is allocated whole, rounded up to a power of two, and cannot spill: a
+        # 100 MB value failed in 128 MB. For the rest of this connection's life (one sync's).
+        limit = max(_MEMORY_LIMIT_BYTES, _VALUE_ROOM * value_bytes)
+        if limit > self._memory_limit:
+            self._con.execute(f"SET memory_limit = '{limit // 1024}KiB'")
+            self._memory_limit = limit
 
     def lock(self, key: str) -> None:
         # DuckDB allows one writing process per file, so holding the file is the lock.

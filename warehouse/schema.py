@@ -65,10 +65,17 @@ def ensure_bookkeeping(wh: Warehouse) -> None:
     ):
         wh.execute(render(name, wh.dialect))
     # Columns added in later releases, for warehouses created before them.
-    _add_missing_columns(
-        wh, "sync_runs", {"silent": "BOOLEAN", "storm_held": "BOOLEAN", "not_modified": "BOOLEAN"}
-    )
+    _add_missing_columns(wh, "sync_runs", _SYNC_RUNS_ADDED)
     _add_missing_columns(wh, "http_validators", {"walk": "TEXT"})
+
+
+# sync_runs columns added in later releases, for warehouses created before them.
+_SYNC_RUNS_ADDED = {
+    "silent": "BOOLEAN",
+    "storm_held": "BOOLEAN",
+    "not_modified": "BOOLEAN",
+    "rows_duplicate": "BIGINT",
+}
 
 
 def ensure_evaluation_tables(wh: Warehouse) -> None:

@@ -73,6 +73,9 @@ class SyncStats:
     pages: int = 0
     requests: int = 0
     rows_fetched: int = 0
+    # Records whose key had already come in this sync: merged, one row per key (the newest
+    # by updated-at, else the last in walk order, wins; see StagedFetch.keep_newest).
+    rows_duplicate: int = 0
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -182,6 +185,7 @@ def run_sync(
                 # Nothing was conditional and nothing was filtered by a cursor: everything.
                 fetched.complete = True
             staged, fields = pages.finish(fetched, synced_at=started_at)
+            wh.make_room(pages.largest_document)
             stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
             if stats.drift and config.schema_mode == "freeze":
                 raise PayloadError(
@@ -237,6 +241,7 @@ def apply_sync(
     keys = config.primary_key
     stats.pages, stats.requests = fetched.pages, fetched.requests
     height = staged.height
+    stats.rows_duplicate = staged.duplicates
     stats.rows_fetched = fetched.record_count if fetched.record_count is not None else height
     finished_at = datetime.now(UTC)
     with wh.transaction():
@@ -804,6 +809,7 @@ def _finish_params(stats: SyncStats, finished_at: datetime, error: str | None) -
         stats.silent,
         stats.storm_held,
         stats.not_modified,
+        stats.rows_duplicate,
     )
 
 
