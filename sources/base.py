@@ -8,6 +8,12 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 import orjson
+from changewatch.sources.limits import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_RESPONSE_TIMEOUT,
+    DEFAULT_SYNC_TIMEOUT,
+    ByteSize,
+)
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -129,6 +135,12 @@ class SourceBase(BaseModel):
     # A cron for a reconciliation sweep: a full walk that turns vanished objects into deletes
     # (for incremental sources, whose `since` walks cannot see deletions).
     reconcile: str | None = None
+    # Bounds of what one sync accepts from the API (see sources/limits.py): decoded bytes of
+    # one response, seconds one response may take to arrive whole, seconds the whole walk may
+    # take. Passing one fails the sync, naming the source, the request and the setting.
+    max_response_bytes: ByteSize = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1)
+    response_timeout: Duration = Field(default=DEFAULT_RESPONSE_TIMEOUT, gt=0)
+    sync_timeout: Duration = Field(default=DEFAULT_SYNC_TIMEOUT, gt=0)
     # The largest value (a string's UTF-8 bytes, anything else as JSON text) a record may
     # carry. Normalizing a document takes DuckDB some 20 times its size in memory, so a sync
     # refuses one value past this, naming source, record and field, instead of running out.

@@ -2,6 +2,8 @@
 
 SourceError
  +-- FetchError          a request failed for good (after retries), names source and URL path
+ |    +-- RateLimited    the API's budget is spent: deferred to a later sync
+ |    +-- LimitExceeded  a response or walk passed a named limit (size, deadline, pages)
  +-- PayloadError        a response could not be read as the records the source declares
 """
 
@@ -31,3 +33,8 @@ class RateLimited(FetchError):
     def __init__(self, message: str, *, retry_at: float) -> None:
         super().__init__(message)
         self.retry_at = retry_at
+
+
+class LimitExceeded(FetchError):
+    """A response or a walk went past one of ``sources.limits``' bounds; the message names
+    the setting to raise. Never retried: the same request would hit it again."""

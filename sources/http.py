@@ -1,10 +1,14 @@
-"""The one HTTP policy every connector uses: timeouts, retries, backoff, rate budgets and
-conditional requests.
+"""The one HTTP policy every connector uses: timeouts, retries, backoff, rate budgets,
+conditional requests, redirects and the bounds of ``sources.limits``.
 
 Before each request the client asks the process-wide ``RateLimits`` (``sources.ratelimit``)
 whether the budget of the URL's host and the request's credential is spent: it waits when the
 budget comes back within ``max_wait`` seconds, else raises ``RateLimited`` so the sync is
 deferred to a later tick. At most ``max_in_flight`` requests per host are in flight at once.
+
+Every body is streamed and read through ``read_body`` (size cap, response and sync deadlines).
+Redirects are followed here, not by httpx, so credentials never leave their origin (see
+``sources.redirects``); no cookie is ever kept.
 """
 
 from __future__ import annotations
@@ -12,20 +16,30 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
-from changewatch.sources.base import Validator
-from changewatch.sources.errors import FetchError, RateLimited
+from changewatch.sources.base import SourceBase, Validator
+from changewatch.sources.errors import FetchError, LimitExceeded, RateLimited
+from changewatch.sources.inflate import ACCEPT_ENCODING
+from changewatch.sources.limits import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_RESPONSE_TIMEOUT,
+    Deadline,
+    read_body,
+    too_slow,
+)
 from changewatch.sources.ratelimit import (
     RATE_LIMITS,
     RateLimits,
     guess_credential,
     retry_after_seconds,
 )
+from changewatch.sources.redirects import redirect
 
 # httpx logs every request's full URL at INFO, and a query string may carry an API key.
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -52,10 +66,31 @@ class HttpPolicy:
     # Requests in flight to one host across the process (the first client's value wins).
     max_in_flight: int = 4
     user_agent: str = "changewatch/0.1"
+    # Bounds of one response (see sources.limits; sources set them from their config).
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    response_timeout: float = DEFAULT_RESPONSE_TIMEOUT
+    # Redirects one request may follow (httpx's default is 20; APIs need one or two).
+    max_redirects: int = 10
 
-    def httpx_timeout(self) -> httpx.Timeout:
-        """The httpx timeout: ``timeout`` overall, connecting within 10 s at most."""
-        return httpx.Timeout(self.timeout, connect=min(10.0, self.timeout))
+    def httpx_timeout(self, left: float | None = None) -> httpx.Timeout:
+        """The httpx timeout: ``timeout`` per read, connecting within 10 s at most, neither
+        longer than the response may take nor than ``left`` (seconds left to the sync)."""
+        limit = min(self.timeout, self.response_timeout)
+        if left is not None:
+            limit = max(0.001, min(limit, left))
+        return httpx.Timeout(limit, connect=min(10.0, limit))
+
+    def bounded_by(self, source: SourceBase) -> HttpPolicy:
+        """This policy with the bounds of one response that ``source``'s config sets.
+
+        A bound the config leaves out keeps this policy's value (the same default, unless
+        code chose another).
+        """
+        bounds = ("max_response_bytes", "response_timeout")
+        return replace(
+            self,
+            **{name: getattr(source, name) for name in bounds if name in source.model_fields_set},
+        )
 
     def backoff(self, attempt: int, rng: random.Random) -> float:
         """Seconds to wait before retry number ``attempt`` (1, 2, ...).
@@ -96,7 +131,8 @@ class HttpClient:
 
     ``requests`` counts the attempts sent (retries included). Errors name the URL path only:
     query strings and headers may carry credentials. ``now``/``sleep`` are injectable so tests
-    run on a controlled clock; ``limits`` defaults to the process-wide registry.
+    run on a controlled clock; ``limits`` defaults to the process-wide registry. ``deadline``
+    bounds every request of the client (a sync's walk), in real time.
     """
 
     def __init__(
@@ -109,9 +145,11 @@ class HttpClient:
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
         limits: RateLimits | None = None,
+        deadline: Deadline | None = None,
     ) -> None:
         self.policy = policy or HttpPolicy()
         self.name = name
+        self.deadline = deadline
         self.requests = 0
         self.limits = limits or RATE_LIMITS
         self._sleep = sleep
@@ -119,9 +157,16 @@ class HttpClient:
         self._rng = rng or random.Random()
         self._client = httpx.Client(
             timeout=self.policy.httpx_timeout(),
-            headers={"User-Agent": self.policy.user_agent, "Accept": "application/json"},
-            # httpx drops Authorization when a redirect leaves the origin.
-            follow_redirects=True,
+            headers={
+                "User-Agent": self.policy.user_agent,
+                "Accept": "application/json",
+                # Only what sources.inflate inflates in bounded steps.
+                "Accept-Encoding": ACCEPT_ENCODING,
+            },
+            # Followed in `get`: httpx would send custom auth headers to any other origin.
+            follow_redirects=False,
+            # No cookies: one set by an API would go to every port of its host.
+            cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
             transport=transport,
         )
 
@@ -143,16 +188,20 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         validator: Validator | None = None,
         credential: str | None = None,
+        secrets: Collection[str] = (),
     ) -> httpx.Response:
         """GET ``url`` with ``params`` merged into its query; return the 2xx/3xx response.
 
         With a ``validator`` the request is conditional, and a 304 is returned like any
         response. ``credential`` names the budget the request spends (see
         ``changewatch.sources.ratelimit.credential_id``); by default it is derived from
-        credential-like headers and parameters. Retries transport errors, 429 and 5xx, and waits
-        out rate
-        limits up to ``max_wait``; raises ``RateLimited`` for longer ones, ``FetchError`` when
-        retries run out and at once on any other 4xx.
+        credential-like headers and parameters. ``secrets`` name the headers and parameters
+        that carry credentials: a redirect to another origin drops them (and any other
+        credential-like one; see ``changewatch.sources.redirects``), at most ``max_redirects``
+        are followed. Retries transport errors, 429 and 5xx, and waits out rate limits up to
+        ``max_wait``; raises ``RateLimited`` for longer ones, ``FetchError`` when retries run
+        out and at once on any other 4xx, ``LimitExceeded`` when the response or the
+        client's deadline passes a limit of ``changewatch.sources.limits``.
         """
         target = httpx.URL(url)
         if params:
@@ -165,6 +214,22 @@ class HttpClient:
             sent["If-Modified-Since"] = validator.last_modified
         if credential is None:
             credential = guess_credential(sent, dict(target.params))
+        crossed = False
+        for _ in range(self.policy.max_redirects + 1):
+            response = self._exchange(target, sent, credential)
+            if not response.has_redirect_location:
+                return response
+            hop = redirect(response, sent, secrets, crossed=crossed)
+            target, sent, crossed = hop.url, hop.headers, hop.crossed
+            if crossed:
+                credential = ""  # nothing of the source's credential goes along
+        raise FetchError(
+            f"{_Described(self, url)}: more than max_redirects={self.policy.max_redirects} "
+            f"redirects (the last to {target.host}{target.path})"
+        )
+
+    def _exchange(self, target: httpx.URL, sent: dict[str, str], credential: str) -> httpx.Response:
+        """One request, retried by the policy; the response, its body read (any 3xx too)."""
         key = (_host(target), credential)
         gate = self.limits.gate(key[0], self.policy.max_in_flight)
         what = _Described(self, target)
@@ -173,10 +238,12 @@ class HttpClient:
         while True:
             attempt += 1
             self._wait_for_budget(key, what)
+            if self.deadline is not None:
+                self.deadline.check(what)
             self.requests += 1
             try:
                 with gate:
-                    response = self._client.get(target, headers=sent)
+                    response = self._send(target, sent, what)
             except httpx.TransportError as exc:
                 problem = type(exc).__name__
                 if attempt > policy.max_retries:
@@ -213,6 +280,32 @@ class HttpClient:
                 "%s: %s; retry %d of %d in %.1fs", what, problem, attempt, policy.max_retries, wait
             )
             self._sleep(wait)
+
+    def _send(self, target: httpx.URL, sent: dict[str, str], what: _Described) -> httpx.Response:
+        """Send one GET and read its body within the size cap and both deadlines."""
+        started = time.monotonic()
+        left = self.deadline.left() if self.deadline is not None else None
+        request = self._client.build_request(
+            "GET", target, headers=sent, timeout=self.policy.httpx_timeout(left)
+        )
+        try:
+            response = self._client.send(request, stream=True)
+            read_body(
+                response,
+                what,
+                max_bytes=self.policy.max_response_bytes,
+                timeout=self.policy.response_timeout,
+                started=started,
+                deadline=self.deadline,
+            )
+        except httpx.TimeoutException:
+            # The read timeout is cut to what the deadlines leave: name the one that ran out.
+            if self.deadline is not None and self.deadline.left() <= 0:
+                raise LimitExceeded(self.deadline.message(what)) from None
+            if time.monotonic() - started >= self.policy.response_timeout:
+                raise too_slow(what, self.policy.response_timeout) from None
+            raise
+        return response
 
     def _wait_for_budget(self, key: tuple[str, str], what: _Described) -> None:
         """Return once the budget of ``key`` allows a request, or raise ``RateLimited``."""

@@ -12,6 +12,7 @@ from changewatch.sources.errors import PayloadError, SourceError
 from changewatch.sources.feed.config import FeedSourceConfig
 from changewatch.sources.feed.parse import FEED_ACCEPT, FeedFormatError, parse_feed
 from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.limits import Deadline
 from changewatch.sources.rest.auth import credentials
 
 __all__ = ["FeedSource", "build_feed_source"]
@@ -37,8 +38,9 @@ class FeedSource:
         client_factory: ClientFactory | None = None,
     ) -> None:
         self.config = config
-        self.policy = policy or HttpPolicy()
-        # Called as client_factory(policy=..., name=...); tests inject sleep/clock this way.
+        self.policy = (policy or HttpPolicy()).bounded_by(config)
+        # Called as client_factory(policy=..., name=..., deadline=...); tests inject
+        # sleep/clock this way.
         self.client_factory = client_factory or HttpClient
 
     def fetch(
@@ -64,8 +66,14 @@ class FeedSource:
             headers["If-None-Match"] = known.etag
         if known is not None and known.last_modified:
             headers["If-Modified-Since"] = known.last_modified
-        with self.client_factory(policy=self.policy, name=config.name) as client:
-            response = client.get(config.url, params=auth_params or None, headers=headers)
+        deadline = Deadline.after(config.sync_timeout)
+        with self.client_factory(policy=self.policy, name=config.name, deadline=deadline) as client:
+            response = client.get(
+                config.url,
+                params=auth_params or None,
+                headers=headers,
+                secrets=[*auth_headers, *auth_params],
+            )
             requests = client.requests
         remembered = _validators(config.url, response, known)
         if response.status_code == 304:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, SourceBase
+from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
 from pydantic import Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
@@ -52,7 +53,8 @@ class GitHubSourceConfig(SourceBase):
     base_url: str = "https://api.github.com"
     per_page: int = Field(default=100, ge=1, le=100)
     include_pull_requests: bool = True
-    page_limit: int | None = Field(default=None, gt=0)
+    # Most pages of one repository's walk.
+    page_limit: int = Field(default=DEFAULT_PAGE_LIMIT, gt=0)
     # Sent `since` is the cursor minus this. Repositories are walked one after another under
     # one cursor (the newest change seen in any of them), so an update made in a repository
     # already walked, older than another's newest, would fall behind the cursor; the lag,

@@ -11,6 +11,7 @@ from changewatch.sources.base import DocumentSink, FetchResult, Validator
 from changewatch.sources.errors import PayloadError, SourceError
 from changewatch.sources.github.config import GitHubSourceConfig
 from changewatch.sources.http import HttpClient, HttpPolicy
+from changewatch.sources.limits import Deadline
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.sources.rest.source import ClientFactory
 
@@ -18,6 +19,8 @@ __all__ = ["API_VERSION", "GitHubSource", "build_github_source"]
 
 API_VERSION = "2022-11-28"
 HEADERS = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": API_VERSION}
+# Response bounds passed on to each repository's walk when the config sets them.
+_BOUNDS = ("max_response_bytes", "response_timeout")
 
 
 def _rest_config(config: GitHubSourceConfig, repo: str) -> RestSourceConfig:
@@ -46,6 +49,9 @@ def _rest_config(config: GitHubSourceConfig, repo: str) -> RestSourceConfig:
             "incremental": {"param": "since", "format": "iso", "lag": config.lag},
             "auth": {"type": "bearer", "token_env": config.token_env} if config.token_env else None,
             "page_limit": config.page_limit,
+            "sync_timeout": config.sync_timeout,
+            # Only those the file sets, so a policy given in code keeps the others.
+            **{name: getattr(config, name) for name in _BOUNDS if name in config.model_fields_set},
         }
     )
 
@@ -105,8 +111,9 @@ class GitHubSource:
         304: ``not_modified``. In a snapshot, a repository answering 304 while another changed
         is fetched again unconditionally, so the result holds the full listing
         (``complete=True``) and deletes can be seen. Pages reach ``sink`` annotated, as they
-        arrive.
+        arrive. ``sync_timeout`` bounds all repositories' walks together.
         """
+        deadline = Deadline.after(self.config.sync_timeout)
         since = github_time(cursor) if cursor and self.config.sync == "incremental" else None
         # Per repository: its pages (only without a sink, which holds them instead) and
         # their records. A repository fetched again replaces its entry.
@@ -122,13 +129,17 @@ class GitHubSource:
             return keep
 
         results = {
-            repo: walk.fetch(cursor=since, validators=validators, sink=keeper(repo))
+            repo: walk.fetch(
+                cursor=since, validators=validators, sink=keeper(repo), deadline=deadline
+            )
             for repo, walk in self._walks.items()
         }
         if self.config.sync == "snapshot" and not all(r.not_modified for r in results.values()):
             for repo, result in results.items():
                 if result.not_modified:
-                    again = self._walks[repo].fetch(cursor=None, sink=keeper(repo))
+                    again = self._walks[repo].fetch(
+                        cursor=None, sink=keeper(repo), deadline=deadline
+                    )
                     again.requests += result.requests
                     results[repo] = again
         documents = [doc for pages in kept.values() for doc, _ in pages if doc is not None]

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, Identifier, SourceBase
+from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
@@ -234,8 +235,9 @@ class RestSourceConfig(SourceBase):
     paginator: PaginatorConfig = NoPagination()
     incremental: Incremental | None = None
     auth: AuthConfig | None = None
-    # Most pages one listing may take (the parent's, and each child walk, count separately).
-    page_limit: int | None = Field(default=None, gt=0)
+    # Most pages one listing may take (the parent's, and each child walk, count separately);
+    # a walk past it fails rather than sync a truncated listing.
+    page_limit: int = Field(default=DEFAULT_PAGE_LIMIT, gt=0)
     parent: ParentListing | None = None
     # Applies to the source's own requests (each child walk), never to the parent listing:
     # an ignored parent listing would look like every child was deleted.

@@ -16,8 +16,15 @@ from urllib.parse import quote, urlsplit
 import httpx
 import orjson
 from changewatch.sources.base import DocumentSink, FetchResult, Validator
-from changewatch.sources.errors import FetchError, PayloadError, RateLimited, SourceError
+from changewatch.sources.errors import (
+    FetchError,
+    LimitExceeded,
+    PayloadError,
+    RateLimited,
+    SourceError,
+)
 from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
+from changewatch.sources.limits import Deadline
 from changewatch.sources.ratelimit import credential_id
 from changewatch.sources.rest.auth import credentials
 from changewatch.sources.rest.config import (
@@ -151,8 +158,9 @@ class RestSource:
         client_factory: ClientFactory | None = None,
     ) -> None:
         self.config = config
-        self.policy = policy or HttpPolicy()
-        # Called as client_factory(policy=..., name=...); tests inject sleep/clock this way.
+        self.policy = (policy or HttpPolicy()).bounded_by(config)
+        # Called as client_factory(policy=..., name=..., deadline=...); tests inject
+        # sleep/clock this way.
         self.client_factory = client_factory or HttpClient
         self._ignore = {a.status for a in config.response_actions if a.action == "ignore"}
 
@@ -162,8 +170,12 @@ class RestSource:
         cursor: str | None,
         validators: Mapping[str, Validator] | None = None,
         sink: DocumentSink | None = None,
+        deadline: Deadline | None = None,
     ) -> FetchResult:
         """Every page's JSON (since ``cursor`` when incremental); raises on any failure.
+
+        The walk must end by ``deadline`` (default: ``sync_timeout`` from now) and each
+        listing within ``page_limit`` pages, else ``LimitExceeded``.
 
         With a ``parent``, the parent listing is walked first, then the source's path once per
         distinct parent record (in listing order, one at a time, through the same client),
@@ -190,7 +202,8 @@ class RestSource:
         own = _Listing(config.url, params, config.paginator, config.records_path)
         conditional = make_paginator(config.paginator).conditional
         walk = _Walk((validators or {}) if conditional else {}, config.records_path, sink)
-        with self.client_factory(policy=self.policy, name=config.name) as client:
+        deadline = deadline or Deadline.after(config.sync_timeout)
+        with self.client_factory(policy=self.policy, name=config.name, deadline=deadline) as client:
             for listing in self._listings(client, walk, own):
                 self._walk(client, walk, listing)
             if snapshot and walk.unchanged and not walk.kept and walk.reshaped():
@@ -293,10 +306,12 @@ class RestSource:
         found: list[dict[str, Any]] = []
         pages = 0
         while request is not None:
-            if config.page_limit is not None and pages >= config.page_limit:
-                raise FetchError(
-                    f"source {config.name!r}: more than page_limit={config.page_limit} "
-                    "pages; raise the limit rather than sync a truncated listing"
+            if pages >= config.page_limit:
+                where = httpx.URL(listing.url)
+                raise LimitExceeded(
+                    f"source {config.name!r}: GET {where.host}{where.path}: more than "
+                    f"page_limit={config.page_limit} pages in one listing; raise the source's "
+                    "page_limit if it is really that long (a truncated listing is never synced)"
                 )
             pages += 1
             walk.pages += 1
@@ -353,6 +368,7 @@ class RestSource:
                 headers={**config.headers, **headers},
                 validator=validator,
                 credential=credential_id([*headers.values(), *auth_params.values()]),
+                secrets=[*headers, *auth_params],
             )
         except FetchError as error:
             status = _status(error)

@@ -259,7 +259,7 @@ def test_config_defaults():
     assert config.primary_key == ["repo", "number"]
     assert config.sync == "incremental" and config.updated_at == "updated_at"
     assert config.base_url == "https://api.github.com" and config.per_page == 100
-    assert config.include_pull_requests is True and config.page_limit is None
+    assert config.include_pull_requests is True and config.page_limit == 50_000
     assert config.columns["labels"].path == "labels[].name"
     assert config.env_vars() == ["GITHUB_TOKEN"]
     assert GitHubSourceConfig.model_validate(BASE).env_vars() == []
