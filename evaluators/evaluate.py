@@ -21,6 +21,7 @@ from typing import Any
 
 import polars as pl
 from changewatch.channels.base import notification_id_for
+from changewatch.evaluators.change_logs import has_change_log, not_synced_note
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.filters import CompiledFilter
 from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
@@ -141,6 +142,10 @@ def evaluate_watch(
     calls_left, cap = _call_budget(wh, watch, now().date())
     for name in watch.sources:
         source = sources[name]
+        if not has_change_log(wh, source):
+            # No watermark recorded either: its first sync's changes are read in full.
+            stats.notes.append(not_synced_note(source))
+            continue
         changes = _candidates(wh, watch, source, filters[name])
         stats.changes_read += changes.height
         if changes.is_empty():

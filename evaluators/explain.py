@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import polars as pl
+from changewatch.evaluators.change_logs import has_change_log
 from changewatch.evaluators.config import Watch
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
@@ -32,6 +33,8 @@ def explain_object(
     frames = []
     for name in watch.sources:
         source = sources[name]
+        if not has_change_log(wh, source):
+            continue  # never synced: no change of it to explain
         state = wh.fetch(render("select_watch_state", wh.dialect), (watch.name, name))
         statement = render(
             "select_object_changes", wh.dialect, changes=quote(changes_table(source.table))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import polars as pl
+from changewatch.evaluators.change_logs import has_change_log
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, dedupe_key, judge_changes
 from changewatch.evaluators.filters import compile_filter
@@ -73,6 +74,8 @@ def replay_watch(
     frames = []
     for name in watch.sources:
         source = sources[name]
+        if not has_change_log(wh, source):
+            continue  # never synced: no history to replay
         compiled = compile_filter(
             watch.where,
             watch=watch.name,

@@ -433,6 +433,7 @@ def _prune(config: ChangewatchConfig) -> int:
 
 def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full: bool) -> int:
     from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG
+    from changewatch.pipeline.errors import RunFailed
     from changewatch.pipeline.runner import instance, locations, sync_source
 
     for name in names:
@@ -446,10 +447,21 @@ def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full
         tags[FULL_TAG] = "true"
     dagster = instance()
     print(locations(dagster))
-    # One run of each source's job, as the sensor requests them.
+    # One run of each source's job, as the sensor requests them. A failed run (its sync, or
+    # one of its watches) never stops the next source's: each says itself, the last raises.
+    failures: list[RunFailed] = []
     for name in names:
-        for asset, meta in sync_source(config, name, dagster, tags=tags).items():
+        try:
+            results = sync_source(config, name, dagster, tags=tags)
+        except RunFailed as failure:
+            results, failure.results = failure.results, {}  # printed here, not again
+            failures.append(failure)
+        for asset, meta in results.items():
             print(summarize(asset, meta))
+    for failure in failures[:-1]:
+        print(f"changewatch: {redact(str(failure))}", file=sys.stderr)
+    if failures:
+        raise failures[-1]
     return 0
 
 
@@ -491,6 +503,11 @@ def summarize(asset: str, meta: dict) -> str:
         if meta.get("storm_held"):
             line += "; CHANGE STORM: its changes are held until `changewatch release`"
         return line
+    if "evaluation_failed" in meta:  # see pipeline/watch_assets.py, _failed
+        return (
+            f"{asset}: FAILED, its changes wait for the next run (other watches went on): "
+            f"{meta['evaluation_failed']}"
+        )
     if "changes_read" in meta:
         line = (
             f"{asset}: {meta['changes_read']} change(s) read, {meta['passed_filter']} passed "

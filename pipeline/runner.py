@@ -18,7 +18,11 @@ from changewatch.pipeline.locations import (
     warehouse_location,
 )
 from changewatch.pipeline.sensors import sync_job_name
-from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, evaluation_asset_name
+from changewatch.pipeline.watch_assets import (
+    EVALUATION_FAILED,
+    NOTIFICATIONS_ASSET,
+    evaluation_asset_name,
+)
 from changewatch.pipeline.wiring import build_definitions
 from dagster._utils.error import SerializableErrorInfo
 
@@ -149,7 +153,29 @@ def _metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
         raise RunFailed(
             "run", "Dagster reports a failure (see the run in the UI)", results=found, trace=""
         )
+    _raise_failed_watches(found)
     return found
+
+
+def _raise_failed_watches(found: dict[str, dict[str, Any]]) -> None:
+    """``RunFailed`` naming every watch whose evaluation failed in a run that went on.
+
+    A failed evaluation is recorded, not raised (see ``watch_assets._failed``), so the other
+    watches and delivery still run; the run's caller must hear of it all the same.
+    """
+    failed = {
+        asset: meta[EVALUATION_FAILED] for asset, meta in found.items() if EVALUATION_FAILED in meta
+    }
+    if len(failed) == 1:
+        ((asset, message),) = failed.items()
+        raise RunFailed(asset, message, results=found, trace="")
+    if failed:
+        raise RunFailed(
+            ", ".join(sorted(failed)),
+            "see each above; the other watches and delivery went on",
+            results=found,
+            trace="",
+        )
 
 
 def _user_message(error: SerializableErrorInfo) -> str:

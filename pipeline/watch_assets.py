@@ -3,6 +3,7 @@
 # No `from __future__ import annotations` here: Dagster reads the asset function's annotations
 # at definition time to recognise the context and resource parameters.
 
+import traceback
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -11,10 +12,13 @@ from changewatch.channels.config import DigestConfig
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, evaluate_watch
 from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.errors import redact
 from changewatch.pipeline.resources import JudgeResource, WarehouseResource, warehouse_pool
 from dagster import AssetExecutionContext
 
 __all__ = [
+    "EVALUATED_CHECK",
+    "EVALUATION_FAILED",
     "HELD_CHECK",
     "JUDGE_CHECK",
     "NOTIFICATIONS_ASSET",
@@ -30,6 +34,9 @@ WATCH_TAG = "changewatch/watch"
 NOTIFICATIONS_ASSET = "notifications"
 JUDGE_CHECK = "judge_available"
 HELD_CHECK = "no_held_changes"
+EVALUATED_CHECK = "evaluated"
+# The metadata key of a failed evaluation: its one-line error (see _failed).
+EVALUATION_FAILED = "evaluation_failed"
 
 
 def evaluation_asset_name(watch: Watch) -> str:
@@ -67,9 +74,12 @@ def evaluation_asset(
     def _evaluate(
         context: AssetExecutionContext, warehouse: WarehouseResource, judges: JudgeResource
     ) -> dg.MaterializeResult:
-        judge = judges.judge_for(watch)
-        with warehouse.connect() as wh:
-            stats = evaluate_watch(wh, watch, sources, filters, judge=judge)
+        try:
+            judge = judges.judge_for(watch)
+            with warehouse.connect() as wh:
+                stats = evaluate_watch(wh, watch, sources, filters, judge=judge)
+        except Exception as error:  # noqa: BLE001 - one watch's failure is its own (see below)
+            return _failed(context, watch, error)
         if stats.held:
             context.log.warning(
                 f"{watch.name}: {stats.held} change(s) held: the judge was unavailable "
@@ -107,13 +117,68 @@ def evaluation_asset(
                 "duration_s": dg.MetadataValue.float(stats.duration_s),
                 "judge_unavailable": stats.judge_unavailable,
             },
-            check_results=[_held_check(stats)] + ([_judge_check(stats)] if watch.judge else []),
+            check_results=[_evaluated_check(), _held_check(stats)]
+            + ([_judge_check(stats)] if watch.judge else []),
         )
 
     return _evaluate
 
 
+def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> dg.MaterializeResult:
+    """A failed evaluation, recorded rather than raised.
+
+    Raising would fail the step, and Dagster skips every step downstream of a failed one:
+    the `notifications` asset, so one broken watch would stop every other watch's delivery.
+    Nothing of this watch was settled (its watermark moves only with its evaluations, in one
+    transaction), so its changes wait for the next run; the failed `evaluated` check marks
+    the asset in the UI and the CLI's summary names the watch and exits non-zero.
+    """
+    message = redact(_first_line(error))
+    context.log.error(f"{watch.name}: evaluation failed, its changes wait: {message}")
+    context.log.error(redact("".join(traceback.format_exception(error))))
+    # Every declared check reports (Dagster requires it): the changes wait, as the held
+    # check says; the judge was not asked, so nothing is known against it.
+    checks = [
+        dg.AssetCheckResult(
+            check_name=EVALUATED_CHECK,
+            passed=False,
+            metadata={"error": message},
+            description=f"the evaluation failed: {message}",
+        ),
+        dg.AssetCheckResult(
+            check_name=HELD_CHECK,
+            passed=False,
+            description="the evaluation failed: every new change waits for the next run",
+        ),
+    ]
+    if watch.judge:
+        checks.append(
+            dg.AssetCheckResult(
+                check_name=JUDGE_CHECK,
+                passed=True,
+                severity=dg.AssetCheckSeverity.WARN,
+                description="not asked: the evaluation failed before judging",
+            )
+        )
+    return dg.MaterializeResult(metadata={EVALUATION_FAILED: message}, check_results=checks)
+
+
+def _first_line(error: Exception) -> str:
+    """The error's first line, as the database or our code worded it."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
+    evaluated = dg.AssetCheckSpec(
+        EVALUATED_CHECK,
+        asset=evaluation_asset_name(watch),
+        description=(
+            "Fails when the evaluation itself failed (a filter broken on most changes, the "
+            "warehouse): none of the watch's changes were settled, they wait for the next run. "
+            "Other watches and delivery go on."
+        ),
+    )
     held = dg.AssetCheckSpec(
         HELD_CHECK,
         asset=evaluation_asset_name(watch),
@@ -124,9 +189,10 @@ def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
         ),
     )
     if watch.judge is None:
-        return [held]
+        return [evaluated, held]
     meanwhile = {"hold": "held", "drop": "dropped", "notify": "notified unjudged"}
     return [
+        evaluated,
         held,
         dg.AssetCheckSpec(
             JUDGE_CHECK,
@@ -137,6 +203,12 @@ def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
             ),
         ),
     ]
+
+
+def _evaluated_check() -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=EVALUATED_CHECK, passed=True, description="the evaluation ran"
+    )
 
 
 def _held_check(stats: EvaluationStats) -> dg.AssetCheckResult:
