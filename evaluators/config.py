@@ -41,6 +41,10 @@ class JudgeConfig(_Model):
     # A daily budget of calls (UTC days), kept in the warehouse's `judge_spend`: beyond it
     # changes are held, never dropped, and judged once the next day's budget opens.
     max_calls_per_day: int | None = Field(default=None, gt=0)
+    # What is kept of an answer's text (in judge_cache, evaluations and notifications): a
+    # model that rambles is cut here, with a note saying so, rather than stored whole.
+    max_reasoning_chars: int = Field(default=4000, ge=100)
+    max_summary_chars: int = Field(default=1000, ge=50)
     # USD per million tokens; with them, evaluations report what the judge cost.
     price_per_mtok_input: float | None = Field(default=None, ge=0)
     price_per_mtok_output: float | None = Field(default=None, ge=0)

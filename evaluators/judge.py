@@ -52,6 +52,7 @@ import instructor
 import openai
 from changewatch.evaluators import prompts
 from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
+from changewatch.evaluators.verdict_limits import capped
 from instructor.core import (
     AsyncValidationError,
     HookName,
@@ -360,6 +361,9 @@ def _validation_summary(exc: BaseException) -> str:
 def _describe(exc: BaseException, config: JudgeConfig, attempts: int) -> str:
     """A short reason for a failed judgement, free of secrets."""
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    if isinstance(exc, ResponseParsingError):  # e.g. "No choices in OpenAI response (mode: ...)"
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:_MAX_MESSAGE_CHARS]
+        return f"no valid verdict after {tries}: {said}"
     if isinstance(exc, _PARSE_ERRORS):
         return f"no valid verdict after {tries}: validation failed: {_validation_summary(exc)}"
     if isinstance(exc, IncompleteOutputException):
@@ -382,10 +386,23 @@ def _describe(exc: BaseException, config: JudgeConfig, attempts: int) -> str:
 
 
 def _root_cause(exc: BaseException) -> BaseException:
-    """The error behind instructor's wrapper."""
+    """The error behind instructor's wrapper.
+
+    Its cause, unless that is instructor tripping over the answer it was re-asking about
+    (an empty ``choices`` list raises IndexError there): then the answer's own error, which
+    the last failed attempt records.
+    """
     if isinstance(exc, InstructorRetryException):
-        if exc.__cause__ is not None:
-            return exc.__cause__
+        answered = [
+            attempt.exception
+            for attempt in exc.failed_attempts or []
+            if isinstance(attempt.exception, (openai.OpenAIError, *_PARSE_ERRORS))
+        ]
+        cause = exc.__cause__
+        if answered and not isinstance(cause, (openai.OpenAIError, *_PARSE_ERRORS)):
+            return answered[-1]
+        if cause is not None:
+            return cause
         if exc.failed_attempts:
             return exc.failed_attempts[-1].exception
     return exc
@@ -476,7 +493,11 @@ class Judge:
                 hooks=hooks,
             )
             # A clean copy: instructor attaches the raw completion and usage to its result.
-            verdict = Verdict.model_validate(answer.model_dump())
+            verdict = capped(
+                Verdict.model_validate(answer.model_dump()),
+                max_reasoning=config.max_reasoning_chars,
+                max_summary=config.max_summary_chars,
+            )
         except (InstructorRetryException, IncompleteOutputException, openai.OpenAIError) as exc:
             cause = _root_cause(exc)
             if not isinstance(

@@ -43,11 +43,18 @@ class Reply:
     prompt_tokens: int = 100
     completion_tokens: int = 20
     finish_reason: str = "stop"
+    # A 200 whose `choices` list is empty, as some OpenAI-compatible servers send on errors.
+    no_choices: bool = False
 
     @classmethod
     def verdict(cls, verdict: Mapping[str, Any], **options: Any) -> Reply:
         """A verdict as Mode.JSON expects it: the JSON object is the message content."""
         return cls(content=json.dumps(dict(verdict)), **options)
+
+    @classmethod
+    def empty(cls, **options: Any) -> Reply:
+        """A completion with ``"choices": []``."""
+        return cls(no_choices=True, **options)
 
     @classmethod
     def text(cls, content: str, **options: Any) -> Reply:
@@ -191,7 +198,9 @@ class FakeOpenAIServer:
             "created": int(time.time()),
             "model": model,
             "system_fingerprint": "fp_fake",
-            "choices": [
+            "choices": []
+            if reply.no_choices
+            else [
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": reply.content, "refusal": None},
