@@ -6,8 +6,9 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from changewatch.sources.base import SourceBase
+from changewatch.sources.limits import DEFAULT_MAX_ENTRIES
 from changewatch.sources.rest.config import AuthConfig, PublicHeaders, auth_env_vars
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_COLUMNS", "FeedSourceConfig"]
 
@@ -42,6 +43,8 @@ class FeedSourceConfig(SourceBase):
     # Non-secret request headers (e.g. a different Accept); credentials go under `auth`.
     headers: PublicHeaders = {}
     auth: AuthConfig | None = None
+    # Entries one response may list (counted before they are parsed; see sources/limits.py).
+    max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, gt=0)
 
     @model_validator(mode="before")
     @classmethod

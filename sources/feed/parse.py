@@ -26,7 +26,14 @@ from urllib.parse import urljoin
 import feedparser
 import orjson
 
-__all__ = ["FEED_ACCEPT", "FeedFormatError", "ParsedFeed", "fallback_id", "parse_feed"]
+__all__ = [
+    "FEED_ACCEPT",
+    "FeedFormatError",
+    "FeedTooLong",
+    "ParsedFeed",
+    "fallback_id",
+    "parse_feed",
+]
 
 # Sent as Accept unless the source's headers say otherwise: feeds first, any XML/JSON after.
 FEED_ACCEPT = (
@@ -40,10 +47,20 @@ _JSON_MEDIA_TYPES = {"application/feed+json", "application/json"}
 _HTML_TYPES = {"text/html", "application/xhtml+xml"}
 _TAG = re.compile(r"<[^>]*>")
 _BOM = b"\xef\xbb\xbf"
+# An RSS <item> or Atom <entry> start tag, with or without a namespace prefix (RSS 1.0's rss:).
+_ENTRY_TAG = re.compile(rb"<(?:[\w.-]+:)?(?:item|entry)(?=[\s/>])")
 
 
 class FeedFormatError(ValueError):
     """The document is not a feed this module can read (the caller adds source and URL)."""
+
+
+class FeedTooLong(ValueError):
+    """The feed lists more entries than ``max_entries`` (the caller adds source and URL)."""
+
+    def __init__(self, max_entries: int) -> None:
+        super().__init__(f"the feed lists more than max_entries={max_entries} entries")
+        self.max_entries = max_entries
 
 
 @dataclass(frozen=True)
@@ -54,20 +71,46 @@ class ParsedFeed:
     records: list[dict[str, Any]]
 
 
-def parse_feed(body: bytes, content_type: str | None = None, *, base_url: str = "") -> ParsedFeed:
+def parse_feed(
+    body: bytes,
+    content_type: str | None = None,
+    *,
+    base_url: str = "",
+    max_entries: int | None = None,
+) -> ParsedFeed:
     """Records of every entry in ``body``, served as ``content_type``.
 
     Relative entry links and enclosure URLs are resolved against ``base_url`` (the feed's
     URL, without a query string) unless the document's ``xml:base`` says otherwise. Ids are
     kept as written: an RSS guid like ``1042`` stays ``1042`` whatever URL the feed moves to.
     Raises ``FeedFormatError`` when the body is not a feed: malformed XML with no entries,
-    JSON that is not a JSON Feed, an HTML page, nothing at all.
+    JSON that is not a JSON Feed, an HTML page, nothing at all; ``FeedTooLong`` when it
+    lists more than ``max_entries`` entries, counted before feedparser builds any (it takes
+    some 0.3 ms and 1 KB for each).
     """
     media_type = (content_type or "").split(";")[0].strip().lower()
     start = body.removeprefix(_BOM).lstrip()[:1]
     if start == b"{" or (media_type in _JSON_MEDIA_TYPES and start != b"<"):
-        return _json_feed(body.removeprefix(_BOM), base_url)
+        return _json_feed(body.removeprefix(_BOM), base_url, max_entries)
+    if max_entries is not None and _entry_tags(body, max_entries + 1) > max_entries:
+        raise FeedTooLong(max_entries)
     return _xml_feed(body, content_type, base_url)
+
+
+def _entry_tags(body: bytes, stop: int) -> int:
+    """Entry start tags in ``body``, counted up to ``stop``.
+
+    An upper bound of the entries (a literal tag in a CDATA section counts too).
+
+    >>> _entry_tags(b"<rss><channel><item>a</item><item/><items/></channel></rss>", 10)
+    2
+    """
+    found = 0
+    for _ in _ENTRY_TAG.finditer(body):
+        found += 1
+        if found >= stop:
+            break
+    return found
 
 
 def fallback_id(link: str | None, title: str | None, summary: str | None) -> str:
@@ -184,7 +227,7 @@ def _from_struct(value: Any) -> str | None:
 # --- JSON Feed 1.0 / 1.1 ----------------------------------------------------------------------
 
 
-def _json_feed(body: bytes, base_url: str) -> ParsedFeed:
+def _json_feed(body: bytes, base_url: str, max_entries: int | None) -> ParsedFeed:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -195,6 +238,8 @@ def _json_feed(body: bytes, base_url: str) -> ParsedFeed:
     items = document.get("items")
     if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
         raise FeedFormatError("is a JSON Feed whose items are not a list of objects")
+    if max_entries is not None and len(items) > max_entries:
+        raise FeedTooLong(max_entries)
     label = "json" + version.removeprefix(JSON_FEED_VERSION).replace(".", "")
     # Items without authors have the feed's (JSON Feed 1.1, "authors").
     inherited = _json_author(document)

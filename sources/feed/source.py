@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 from changewatch.sources.base import DocumentSink, FetchResult, Validator
-from changewatch.sources.errors import PayloadError, SourceError
+from changewatch.sources.errors import LimitExceeded, PayloadError, SourceError
 from changewatch.sources.feed.config import FeedSourceConfig
-from changewatch.sources.feed.parse import FEED_ACCEPT, FeedFormatError, parse_feed
+from changewatch.sources.feed.parse import FEED_ACCEPT, FeedFormatError, FeedTooLong, parse_feed
 from changewatch.sources.http import HttpClient, HttpPolicy
 from changewatch.sources.limits import Deadline
 from changewatch.sources.rest.auth import credentials
@@ -92,7 +92,13 @@ class FeedSource:
                 # The final URL (after redirects) without its query string, which may hold
                 # a credential: relative links in the feed are relative to it.
                 base_url=str(response.url.copy_with(query=None)),
+                max_entries=config.max_entries,
             )
+        except FeedTooLong as exc:
+            raise LimitExceeded(
+                f"source {config.name!r}: GET {response.url.host}{response.url.path}: {exc}; "
+                "raise the source's max_entries if it really lists that many"
+            ) from None
         except FeedFormatError as exc:
             raise PayloadError(
                 f"source {config.name!r}: GET {response.url.host}{response.url.path} {exc}"

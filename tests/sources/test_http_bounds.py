@@ -212,6 +212,40 @@ def test_a_feed_goes_through_the_same_cap() -> None:
         assert len(build_feed_source(config).fetch(cursor=None).records()) == 2000
 
 
+def test_a_feed_of_a_million_entries_stops_before_parsing() -> None:
+    item = b"<item><guid>%d</guid></item>"
+    feed = b"<rss version='2.0'><channel>%s</channel></rss>" % b"".join(
+        item % i for i in range(1_000_000)
+    )
+    with WireServer() as api:
+        api.routes["/feed"] = lambda handler, _request: send(
+            handler, 200, feed, Content_Type="application/rss+xml"
+        )
+        config = {"name": "acme_feed", "type": "feed", "table": "entries", "url": api.url("/feed")}
+        source = build_feed_source(config, policy=HttpPolicy(max_retries=0))
+        assert source.config.max_entries == 10_000
+        error, peak = _peak_while(lambda: source.fetch(cursor=None))
+    assert str(error) == (
+        "source 'acme_feed': GET 127.0.0.1/feed: the feed lists more than max_entries=10000 "
+        "entries; raise the source's max_entries if it really lists that many"
+    )
+    # The body (some 30 MB) is read, but feedparser never builds its million entries (1 GB).
+    assert len(feed) < 32 << 20 and peak < 4 * len(feed)
+
+
+def test_a_json_feed_has_the_same_entry_cap() -> None:
+    items = [{"id": str(i), "title": f"entry {i}"} for i in range(30)]
+    body = {"version": "https://jsonfeed.org/version/1.1", "title": "x", "items": items}
+    with WireServer() as api:
+        api.routes["/feed.json"] = json_route(body)
+        config = {"name": "acme_feed", "type": "feed", "table": "entries"}
+        config |= {"url": api.url("/feed.json"), "max_entries": 20}
+        with pytest.raises(LimitExceeded, match="more than max_entries=20 entries"):
+            build_feed_source(config).fetch(cursor=None)
+        config["max_entries"] = 30
+        assert len(build_feed_source(config).fetch(cursor=None).records()) == 30
+
+
 # --- time -------------------------------------------------------------------------------------
 
 
