@@ -6,6 +6,7 @@ the first `changewatch sync` must sync both and evaluate what exists.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,24 @@ def test_a_watch_that_fails_stops_no_other_watch_nor_delivery(
     read = {m[0]: (int(m[1]), int(m[5])) for m in EVAL_LINE.findall(again.stdout)}
     assert read == {"broken": (40, 3), "fine": (0, 0)}, again.stdout
     assert "notifications: 3 delivered" in again.stdout
+
+
+def test_a_source_whose_run_fails_stops_no_other_source(
+    tmp_path: Path, demo_api: DemoAPIServer, warehouse_url: str
+) -> None:
+    watch = {"name": "both", "sources": ["a", "b"], "where": "kind = 'insert'", "channels": ["out"]}
+    with socket.socket() as sock:  # bound, not listening: a's API refuses connections
+        sock.bind(("127.0.0.1", 0))
+        write_config(tmp_path, demo_api.url, [watch])
+        config = yaml.safe_load((tmp_path / "watches.yaml").read_text())
+        config["sources"][0]["base_url"] = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        (tmp_path / "watches.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        done = run_cli("sync", cwd=tmp_path, **cli_env(tmp_path, warehouse_url))
+    assert done.returncode == 1, done.stdout + done.stderr
+    (last,) = done.stderr.strip().splitlines()
+    assert last.startswith("changewatch: issues_a failed: a: "), last
+    # b synced after a's run failed, and the watch told of b's changes.
+    assert "issues_b: fetched 40 rows" in done.stdout
+    assert [int(m[1]) for m in EVAL_LINE.findall(done.stdout)] == [40], done.stdout
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT source, count(*) FROM outbox GROUP BY source") == [("b", 40)]
