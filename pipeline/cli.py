@@ -54,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--update", type=int, default=3, help="issues to edit between runs")
     demo.add_argument("--delete", type=int, default=1, help="issues to delete between runs")
     demo.add_argument("--create", type=int, default=2, help="issues to open between runs")
+    demo.add_argument(
+        "--close", type=int, default=1, help="open issues to close between runs (at most all)"
+    )
     demo.add_argument("--keep", action="store_true", help="keep earlier demo data")
 
     sync = commands.add_parser(

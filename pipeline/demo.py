@@ -84,9 +84,12 @@ def run_demo(args: argparse.Namespace) -> int:
         run("first run: every issue is new, so every watch sees every issue")
         run("second run, nothing changed upstream: nothing new to evaluate or send")
         mutation = tracker.mutate(create=args.create, update=args.update, delete=args.delete)
+        # Edits close an issue now and then; closing stale ones makes sure closed_issues has
+        # something to say in every demo.
+        closed = tracker.close(min(args.close, _open_issues(tracker)))
         print(
             f"\ndemo API changed: opened {mutation['created']}, edited {mutation['updated']}, "
-            f"deleted {mutation['deleted']}"
+            f"closed {closed}, deleted {mutation['deleted']}"
         )
         run("third run, after the changes: only those changes are evaluated")
 
@@ -128,6 +131,10 @@ def run_demo(args: argparse.Namespace) -> int:
             "the demo ends: run `changewatch demo-api` and start the sensor to keep syncing"
         )
     return 0
+
+
+def _open_issues(tracker: DemoTracker) -> int:
+    return sum(issue["state"] == "open" for issue in tracker.snapshot())
 
 
 def _local_judge_wanted() -> bool:

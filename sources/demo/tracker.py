@@ -256,6 +256,36 @@ class DemoTracker:
             self._views.clear()
             return {"created": created, "updated": updated, "deleted": deleted}
 
+    def close(self, count: int = 1) -> list[int]:
+        """Close the ``count`` open issues updated longest ago; returns their numbers, ascending.
+
+        Stale issues are the ones people close, and these are never the ones ``mutate`` just
+        opened or edited (those are the newest), so each closing reads as open -> closed. Each
+        gets its own clock tick as ``updated_at`` and ``closed_at``. Raises ``ValueError`` when
+        fewer than ``count`` issues are open.
+
+        >>> tracker = DemoTracker(issues=6, seed=1)
+        >>> [issue["state"] for issue in tracker.snapshot()]
+        ['closed', 'closed', 'open', 'closed', 'closed', 'open']
+        >>> tracker.close(1), [issue["state"] for issue in tracker.snapshot()]
+        ([3], ['closed', 'closed', 'closed', 'closed', 'closed', 'open'])
+        """
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"close must be a non-negative integer, got {count!r}")
+        with self._lock:
+            open_issues = [n for n, issue in self._issues.items() if issue["state"] == "open"]
+            if count > len(open_issues):
+                raise ValueError(f"cannot close {count}: only {len(open_issues)} issues are open")
+            stale = sorted(open_issues, key=lambda n: (self._updated[n], n))[:count]
+            for number in stale:
+                self._clock += TICK
+                issue = self._issues[number]
+                issue["state"] = "closed"
+                issue["closed_at"] = issue["updated_at"] = format_ts(self._clock)
+                self._store(number, self._clock)
+            self._views.clear()
+            return sorted(stale)
+
     # -- internals (callers hold the lock, or the object is still being built) -------------------
 
     def _generate(self, count: int, rng: random.Random, start: int) -> int:

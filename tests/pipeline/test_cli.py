@@ -43,7 +43,7 @@ def sync_lines(output: str) -> list[tuple[int, int, int, int]]:
     return [tuple(map(int, m)) for m in re.findall(pattern, output)]
 
 
-DEMO_ARGS = {"issues": 25, "seed": 7, "create": 1, "update": 4, "delete": 2}
+DEMO_ARGS = {"issues": 25, "seed": 7, "create": 1, "update": 4, "delete": 2, "close": 1}
 EVAL_LINE = re.compile(
     r"^eval_(\w+): (\d+) change\(s\) read, (\d+) passed the filter, (\d+) judged "
     r"\((\d+) cached\), (\d+) notified, (\d+) duplicate\(s\), (\d+) held(?:;.*)?$",
@@ -82,6 +82,7 @@ def expected_story() -> dict[str, list[list[str]]]:
     mutation = tracker.mutate(
         create=DEMO_ARGS["create"], update=DEMO_ARGS["update"], delete=DEMO_ARGS["delete"]
     )
+    closing = tracker.close(DEMO_ARGS["close"])  # the demo closes stale issues after editing
     after = {issue["number"]: issue for issue in tracker.snapshot()}
     new_bugs = [
         [f"New bug #{n}: {i['title']}" for n, i in before.items() if labelled_bug(i)],
@@ -97,7 +98,7 @@ def expected_story() -> dict[str, list[list[str]]]:
         [],
         [
             f"Closed #{n}: {after[n]['title']}"
-            for n in mutation["updated"]
+            for n in mutation["updated"] + closing
             if before[n]["state"] == "open" and after[n]["state"] == "closed"
         ],
     ]
@@ -125,11 +126,12 @@ def test_demo_tells_the_whole_story(
     installed = local_model.available()
     assert f"\n{judge}{'' if installed else missing}\n" in done.stdout, done.stdout[:1000]
     # First sync: all new; second: nothing; third: exactly what the API changed.
-    assert sync_lines(done.stdout) == [(25, 0, 0, 0), (0, 0, 0, 25), (1, 4, 2, 19)]
+    assert sync_lines(done.stdout) == [(25, 0, 0, 0), (0, 0, 0, 25), (1, 5, 2, 18)]
 
     # Each round evaluates the sync's changes and delivers what the watches notified.
     story = expected_story()
     assert story["new_bugs"][0], "seed 7 opens no bug: pick another seed"
+    assert story["closed_issues"][2], "the third round closes no issue"
     notified: list[str] = []
     sections = done.stdout.split("\n== ")
     rounds, digest_section = sections[1:4], sections[4]
@@ -137,7 +139,7 @@ def test_demo_tells_the_whole_story(
     for number, section in enumerate(rounds):
         evals = evaluations(section)
         assert set(evals) == {"new_bugs", "closed_issues", "security_review"}, section
-        changes = [25, 0, 1 + 4 + 2][number]
+        changes = [25, 0, 1 + 4 + 1 + 2][number]
         for watch in ("new_bugs", "closed_issues"):
             titles = story[watch][number]
             assert evals[watch]["read"] == changes, (watch, section)
@@ -208,7 +210,7 @@ def test_demo_tells_the_whole_story(
         kinds = con.execute(
             "SELECT kind, count(*) FROM issues_changes GROUP BY kind ORDER BY kind"
         ).fetchall()
-        assert kinds == [("delete", 2), ("insert", 26), ("update", 4)]
+        assert kinds == [("delete", 2), ("insert", 26), ("update", 5)]
         outbox = con.execute("SELECT notification_id, dedupe_key, title FROM outbox").fetchall()
         assert sorted(title for _, _, title in outbox) == sorted(notified)
         assert len({key for _, key, _ in outbox}) == len(outbox)  # dedupe keys are unique

@@ -50,9 +50,15 @@ def test_readme_sql_examples_run_after_the_demo(tmp_path: Path, no_llm: str) -> 
         done = run_cli("sql", query, cwd=tmp_path)
         assert done.returncode == 0, (query, done.stderr)
         outputs.append(done.stdout)
-    # What the demo wrote: 12 issues, then 1 opened, 2 edited, 1 deleted.
+    # What the demo wrote: 12 issues, then 1 opened, 2 edited, 1 closed, 1 deleted.
     assert "shape: (5, 3)" in outputs[0]
-    assert "shape: (16, 3)" in outputs[1]  # 12 + 1 + 2 + 1 changes
+    assert "shape: (17, 3)" in outputs[1]  # 12 + 1 + 2 + 1 + 1 changes
+    # The closing reached the closed_issues watch, which told the console and the outbox.
+    [closed] = re.findall(r"^demo API changed: .*, closed \[(\d+)\], ", demo.stdout, re.MULTILINE)
+    assert f"Closed #{closed}: " in demo.stdout
+    third = re.findall(r"^eval_closed_issues: .* (\d+) notified", demo.stdout, re.MULTILINE)[-1]
+    assert int(third) >= 1
+    assert re.search(rf"closed_issues\s*┆\s*Closed #{closed}: ", outputs[-1]), outputs[-1]
     assert "shape: (0," not in "".join(outputs)
     # The command the demo suggests is one of them, as is.
     assert "query it: changewatch sql 'SELECT watch, title FROM outbox'" in demo.stdout
