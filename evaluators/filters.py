@@ -158,7 +158,15 @@ _CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\(")
 
 
 class FilterError(ValueError):
-    """A watch's ``where`` is not a valid filter; the message names the watch and the part."""
+    """A watch's ``where`` is not a valid filter; the message names the watch and the part.
+
+    ``problem`` is the message without the watch and ``where:``, for a caller that already
+    names them (the config's ``file:line: watches[i].where:``).
+    """
+
+    def __init__(self, watch: str, problem: str) -> None:
+        super().__init__(f"watch {watch!r}: where: {problem}")
+        self.watch, self.problem = watch, problem
 
 
 class _Refused(Exception):
@@ -226,7 +234,7 @@ def compile_filter(text: str, *, watch: str, columns: Mapping[str, str]) -> Comp
         refused = error
     else:
         return CompiledFilter(watch=watch, text=text, columns=frozenset(used), _tree=tree)
-    raise FilterError(f"watch {watch!r}: where: {refused}") from None
+    raise FilterError(watch, str(refused)) from None
 
 
 def _parse(text: str) -> exp.Expression:
@@ -247,7 +255,7 @@ def _parse(text: str) -> exp.Expression:
     except SqlglotError as error:
         first = error.errors[0] if isinstance(error, ParseError) and error.errors else {}
         where = f" at column {first.get('col')} near {first.get('highlight')!r}" if first else ""
-        detail = first.get("description", str(error))
+        detail = _parse_problem(first.get("description") or str(error))
         raise _Refused(f"cannot parse: {detail}{where}") from None
     if len(statements) != 1 or statements[0] is None:
         raise _Refused("more than one statement")
@@ -256,6 +264,45 @@ def _parse(text: str) -> exp.Expression:
         word = tree.name if isinstance(tree, exp.Command) else type(tree).__name__
         raise _Refused(f"a statement ({word.upper()} ...) is not allowed: write only a condition")
     return tree
+
+
+# sqlglot's node classes, as a filter's writer knows them.
+_OPERATORS = {
+    "And": "AND", "Or": "OR", "Not": "NOT", "EQ": "=", "NEQ": "<>", "GT": ">", "GTE": ">=",
+    "LT": "<", "LTE": "<=", "Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Mod": "%",
+    "Is": "IS", "In": "IN", "Like": "LIKE", "ILike": "ILIKE", "Between": "BETWEEN",
+    "Cast": "CAST", "Paren": "(...)", "DPipe": "||",
+}  # fmt: skip
+_PARTS = {
+    "this": "has nothing on its left side",
+    "expression": "has nothing on its right side",
+    "low": "lacks its lower bound",
+    "high": "lacks its upper bound",
+}
+_MISSING = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*?(\w+)'>")
+_CLASS = re.compile(r"<class '[\w.]*?(\w+)'>")
+
+
+def _parse_problem(description: str) -> str:
+    """sqlglot's account of a parse error, in the words of the filter, not of its classes.
+
+    >>> _parse_problem("Required keyword: 'expression' missing for <class 'x.core.And'>")
+    'AND has nothing on its right side'
+    >>> _parse_problem("Required keyword: 'this' missing for <class 'x.core.Not'>")
+    'NOT has nothing to apply to'
+    >>> _parse_problem("Required keyword: 'high' missing for <class 'x.core.Between'>")
+    'BETWEEN lacks its upper bound'
+    """
+    missing = _MISSING.fullmatch(description.strip())
+    if missing:
+        part, kind = missing.groups()
+        operator = _OPERATORS.get(kind, kind.upper())
+        if kind == "Not" or (kind == "Paren" and part == "this"):
+            return f"{operator} has nothing to apply to"
+        if part in _PARTS:
+            return f"{operator} {_PARTS[part]}"
+        return f"{operator} lacks its {part!r}"
+    return _CLASS.sub(lambda m: _OPERATORS.get(m[1], m[1].upper()), description)
 
 
 def _check(node: exp.Expression, columns: Mapping[str, str], used: set[str]) -> None:
@@ -489,4 +536,4 @@ def check_filter_runs(compiled: CompiledFilter, columns: Mapping[str, str]) -> N
             con.execute(f"SELECT count(*) FROM changes AS c WHERE {compiled.to_sql('duckdb')}")
         except duckdb.Error as error:
             reason = str(error).splitlines()[0]
-            raise FilterError(f"watch {compiled.watch!r}: where: does not run: {reason}") from None
+            raise FilterError(compiled.watch, f"does not run: {reason}") from None

@@ -278,7 +278,10 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
                     columns = {c: spec.type for c, spec in config.source(name).columns.items()}
                     check_filter_runs(compiled, columns)
             except FilterError as error:
-                problems.append((("watches", i, "where"), str(error)))
+                # The location names the key already: "watches[i].where: watch 'x': ...".
+                problems.append(
+                    (("watches", i, "where"), f"watch {error.watch!r}: {error.problem}")
+                )
     for i, digest in enumerate(config.digests):
         for j, name in enumerate(digest.watches):
             if name not in watches:

@@ -192,14 +192,22 @@ def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("where", "why"),
-    [("abs(state) > 1", "does not run"), ("trim(number) = 'x'", "does not run")],
+    [
+        ("abs(state) > 1", "does not run"),
+        ("trim(number) = 'x'", "does not run"),
+        # In the filter's words, not sqlglot's classes (<class 'sqlglot...And'>).
+        (
+            "kind = 'insert' AND",
+            "cannot parse: AND has nothing on its right side at column 19 near 'AND'",
+        ),
+    ],
 )
 def test_ill_typed_filters_fail_at_load(tmp_path: Path, where: str, why: str) -> None:
     path = write(
         tmp_path, f'watches:\n  - name: typo\n    source: demo_issues\n    where: "{where}"\n'
     )
     message = problem(path)
-    assert message.startswith(f"{path}:21: watches[0].where: watch 'typo': where: {why}"), message
+    assert message.startswith(f"{path}:21: watches[0].where: watch 'typo': {why}"), message
 
 
 def test_broken_templates_fail_at_load(tmp_path: Path) -> None:
