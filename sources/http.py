@@ -276,6 +276,9 @@ class HttpClient:
                         f"{what} failed after {attempt} attempts: last {problem}", status=status
                     )
             wait = policy.backoff(attempt, self._rng)
+            if self.deadline is not None and wait >= self.deadline.left():
+                # The retry would start past the deadline: say so now, and why it retried.
+                raise LimitExceeded(f"{self.deadline.message(what)} (retrying after {problem})")
             log.warning(
                 "%s: %s; retry %d of %d in %.1fs", what, problem, attempt, policy.max_retries, wait
             )
@@ -317,6 +320,13 @@ class HttpClient:
                     f"{what}: rate limited for this host and credential until {_utc(until)} "
                     f"({delay:.0f}s, more than the {self.policy.max_wait:.0f}s limit): "
                     "deferred to a later sync",
+                    retry_at=until,
+                )
+            if self.deadline is not None and delay >= self.deadline.left():
+                raise RateLimited(
+                    f"{what}: rate limited for this host and credential until {_utc(until)} "
+                    f"({delay:.0f}s, past the sync's {self.deadline.setting}): deferred to a "
+                    "later sync",
                     retry_at=until,
                 )
             log.info("%s: rate limited; waiting %.1fs", what, delay)

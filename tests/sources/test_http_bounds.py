@@ -14,7 +14,7 @@ import pytest
 from apiserver import Received
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.errors import ConfigError
-from changewatch.sources.errors import FetchError, LimitExceeded
+from changewatch.sources.errors import FetchError, LimitExceeded, RateLimited
 from changewatch.sources.feed import build_feed_source
 from changewatch.sources.github import build_github_source
 from changewatch.sources.http import HttpClient, HttpPolicy
@@ -315,6 +315,33 @@ def test_a_github_sync_timeout_spans_every_repository() -> None:
     assert str(error.value).startswith("gh: GET 127.0.0.1/repos/acme/two/issues: the sync passed")
     assert "sync_timeout (1.8s)" in str(error.value)
     assert [r.path.split("/")[3] for r in api.received] == ["one", "two"]
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    # A rate limit for 30 s (the policy would wait up to 60 s); a 503 retried after a backoff
+    # of 8 s or more. Either wait would end past the sync's 5 s.
+    [(429, RateLimited), (503, LimitExceeded)],
+)
+def test_no_wait_goes_past_sync_timeout(status: int, error: type[Exception]) -> None:
+    sleeps: list[float] = []
+    with WireServer() as api:
+        limited = {"Retry_After": "30"} if status == 429 else {}
+        api.routes["/items"] = lambda handler, _request: send(handler, status, b"{}", **limited)
+        config = RestSourceConfig.model_validate(
+            {"name": "acme_items", "type": "rest", "table": "items", "primary_key": "id"}
+            | {"columns": {"id": "bigint"}, "base_url": api.base_url, "path": "/items"}
+            | {"sync_timeout": 5}
+        )
+        source = RestSource(
+            config,
+            policy=HttpPolicy(max_retries=3, backoff_base=16.0),
+            client_factory=functools.partial(HttpClient, sleep=sleeps.append),
+        )
+        with pytest.raises(error, match=r"sync_timeout"):
+            source.fetch(cursor=None)
+    # It did not wait: the sync is deferred (rate limit) or failed (5xx) at once.
+    assert sleeps == [] and len(api.received) == 1
 
 
 # --- pages and settings -----------------------------------------------------------------------
