@@ -254,9 +254,9 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     ("delivery", "lease"),
-                    f"the lease ({config.delivery.lease:g}s) must be at least twice channel "
-                    f"{channel.name!r}'s timeout ({timeout:g}s): a slower send would be taken "
-                    "for one a crash cut short; raise delivery.lease or lower the timeout",
+                    f"the lease ({config.delivery.lease:g}s) must be at least twice the "
+                    f"timeout of channel {channel.name!r} ({timeout:g}s): a slower send would "
+                    "pass for one a crash cut short; raise delivery.lease or lower the timeout",
                 )
             )
     for i, digest in enumerate(config.digests):
