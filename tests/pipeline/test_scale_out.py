@@ -302,7 +302,19 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
 
     postgres = services["postgres"]
     assert postgres["image"].startswith("postgres:")
-    user, db = postgres["environment"]["POSTGRES_USER"], postgres["environment"]["POSTGRES_DB"]
+    # The superuser runs only the role script, once, on an empty data volume; everything else
+    # connects as the least-privilege roles it creates, under the names it creates them.
+    assert postgres["environment"]["POSTGRES_USER"] == "postgres"
+    assert "./postgres-init.sh:/docker-entrypoint-initdb.d/postgres-init.sh:ro" in (
+        postgres["volumes"]
+    )
+    assert "./postgres-roles.sql:/opt/changewatch/postgres-roles.sql:ro" in postgres["volumes"]
+    init_script = (DEPLOY / "postgres-init.sh").read_text(encoding="utf-8")
+    assert "-f /opt/changewatch/postgres-roles.sql" in init_script
+    roles_sql = (DEPLOY / "postgres-roles.sql").read_text(encoding="utf-8")
+    names = dict(re.findall(r"^ *\\set (\w+) (\w+)$", roles_sql, flags=re.M))
+    owner, reader, warehouse_db = names["owner"], names["reader"], names["warehouse_db"]
+    dagster_db, schema = names["dagster_db"], names["schema"]
     code_port = services["code"]["command"][services["code"]["command"].index("-p") + 1]
     for name in ("init", "code", "webserver", "daemon"):
         service = services[name]
@@ -310,21 +322,37 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
         # One image, one DAGSTER_HOME holding deploy/dagster.yaml and workspace.yaml.
         assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}, name
         assert service["working_dir"] == env["DAGSTER_HOME"] == "/opt/dagster/home", name
-        # Dagster's storage (psycopg2 scheme) and the warehouse both on the postgres service.
-        assert env["DAGSTER_PG_URL"].startswith(f"postgresql+psycopg2://{user}:"), name
-        assert env["DAGSTER_PG_URL"].endswith(f"@postgres:5432/{db}"), name
-        assert env["CHANGEWATCH_WAREHOUSE_URL"].startswith(f"postgresql://{user}:"), name
-        assert "@postgres:5432/" in env["CHANGEWATCH_WAREHOUSE_URL"], name
+        # Dagster's storage (psycopg2 scheme) and the warehouse on the postgres service, as
+        # the owner role; `changewatch sql` as the reader.
+        assert env["DAGSTER_PG_URL"].startswith(f"postgresql+psycopg2://{owner}:"), name
+        assert env["DAGSTER_PG_URL"].endswith(f"@postgres:5432/{dagster_db}"), name
+        assert env["CHANGEWATCH_WAREHOUSE_URL"].startswith(f"postgresql://{owner}:"), name
+        warehouse = f"@postgres:5432/{warehouse_db}?schema={schema}"
+        assert env["CHANGEWATCH_WAREHOUSE_URL"].endswith(warehouse), name
+        assert env["READER_URL"].startswith(f"postgresql://{reader}:"), name
+        assert env["READER_URL"].endswith(warehouse), name
         # workspace.yaml reaches the code server by these.
         assert (env["CHANGEWATCH_CODE_HOST"], env["CHANGEWATCH_CODE_PORT"]) == ("code", code_port)
-        # Passwords come from the host's environment, never written in the file.
-        assert "${POSTGRES_PASSWORD:-" in env["DAGSTER_PG_URL"], name
+        # Passwords come from the host's environment (required), never written in the file.
+        assert "${CHANGEWATCH_DB_PASSWORD:?" in env["DAGSTER_PG_URL"], name
+        assert "${CHANGEWATCH_READER_PASSWORD:?" in env["READER_URL"], name
+        # The user's own watches file (required), and a volume for the outputs beside it.
+        watches, outputs = service["volumes"]
+        assert watches.startswith("${CHANGEWATCH_WATCHES:?"), name
+        assert watches.endswith(f":{env['CHANGEWATCH_CONFIG']}:ro"), name
+        assert outputs == "outputs:/opt/changewatch/.changewatch", name
+    assert "outputs" in compose()["volumes"]
     assert services["code"]["depends_on"] == {
         "init": {"condition": "service_completed_successfully"}
     }
     assert services["init"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    # The code server's health check, a command of the installed Dagster.
+    check = services["code"]["healthcheck"]["test"]
+    assert check == ["CMD", "dagster", "api", "grpc-health-check", "-p", code_port]
+    done = subprocess.run([str(BIN / "dagster"), *check[2:4], "--help"], capture_output=True)
+    assert done.returncode == 0, done.stderr
     for name in ("webserver", "daemon"):
-        assert services[name]["depends_on"] == {"code": {"condition": "service_started"}}
+        assert services[name]["depends_on"] == {"code": {"condition": "service_healthy"}}
     assert services["webserver"]["ports"] == ["3000:3000"]
 
     dockerfile = (DEPLOY / "Dockerfile").read_text(encoding="utf-8")
