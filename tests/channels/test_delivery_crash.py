@@ -271,3 +271,29 @@ def test_a_file_batch_cut_short_after_its_write_is_not_written_twice(
     assert torn == 1
     assert "5 requeued after a crash" in printed
     assert sorted(statuses(warehouse_url)) == [("log", "sent", 1)] + [("log", "sent", 2)] * 5
+
+
+def test_kill_9_during_file_delivery_writes_each_line_once(
+    warehouse_url: str, demo_api: DemoAPIServer, tmp_path: Path
+) -> None:
+    queue_notifications(warehouse_url, demo_api, ["log"], count=20)
+    out = tmp_path / "notifications.jsonl"
+    channels = [{"name": "log", "type": "file", "path": str(out)}]
+    # Batches of 2: killed as soon as its first lines are in the file, the deliverer is
+    # recording that batch or working on the next; a later pass finds what it wrote.
+    proc = run_driver(warehouse_url, channels, "2")
+    give_up = time.monotonic() + STUCK
+    try:
+        while not (out.exists() and out.stat().st_size):
+            assert proc.poll() is None, "the deliverer ended before writing"
+            assert time.monotonic() < give_up, "the deliverer wrote nothing"
+            time.sleep(0.001)
+    finally:
+        proc.kill()
+        proc.communicate()
+    time.sleep(LEASE + 0.05)
+    finish(warehouse_url, channels)
+
+    written = Counter(json.loads(line)["notification_id"] for line in out.read_text().splitlines())
+    assert written == Counter(outbox_ids(warehouse_url))  # each once
+    assert {s for _, s, _ in statuses(warehouse_url)} == {"sent"}
