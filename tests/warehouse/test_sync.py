@@ -155,7 +155,8 @@ def test_failed_walk_stores_nothing(warehouse_url: str, demo_api: DemoAPIServer)
         status, error = wh.fetch(
             "SELECT status, error FROM sync_runs ORDER BY started_at DESC LIMIT 1"
         )[0]
-        assert status == "failed" and "FetchError" in error
+        # A LimitExceeded (a FetchError) naming the setting that stopped the walk.
+        assert status == "failed" and "LimitExceeded" in error and "page_limit=2" in error
         # The next good sync picks up exactly the changes the failed one missed.
         stats = run_sync(wh, demo_source(demo_api))
         assert (stats.updated, stats.inserted) == (5, 5)
