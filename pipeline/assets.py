@@ -8,7 +8,7 @@ from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
-from changewatch.warehouse.sync import SyncStats, held_changes, run_sync
+from changewatch.warehouse.sync import SyncSkipped, SyncStats, held_changes, run_sync
 from dagster import AssetExecutionContext
 
 __all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
@@ -31,6 +31,9 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         # and `sync_state` rows, and the commit takes `changewatch:sync:<source>` (so two
         # syncs of one source never interleave even outside Dagster).
         pool=warehouse_pool(warehouse_url, "source", source.name),
+        # A sync that finds another one of its source running materializes nothing (it is
+        # observed as skipped), and the watches after it in the run skip too.
+        output_required=False,
         kinds={"python", "sql"},
         tags={SOURCE_TAG: source.name},
         freshness_policy=source_freshness(source),
@@ -59,15 +62,26 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             "dagster/table_name": source.table,
         },
     )
-    def _sync(context: AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+    def _sync(context: AssetExecutionContext, warehouse: WarehouseResource):  # yields its events
         with warehouse.connect() as wh:
-            stats = run_sync(
-                wh,
-                build_source(source),
-                dagster_run_id=context.run.run_id,
-                silent=context.run.tags.get(SILENT_TAG) == "true",
-                full=context.run.tags.get(FULL_TAG) == "true",
-            )
+            try:
+                stats = run_sync(
+                    wh,
+                    build_source(source),
+                    dagster_run_id=context.run.run_id,
+                    silent=context.run.tags.get(SILENT_TAG) == "true",
+                    full=context.run.tags.get(FULL_TAG) == "true",
+                )
+            except SyncSkipped as skipped:
+                context.log.info(f"{source.name}: {skipped}")
+                yield dg.AssetObservation(
+                    asset_key=source.table, metadata={"skipped": str(skipped)}
+                )
+                # The check is the other sync's to evaluate: this one says so, and passes.
+                yield dg.AssetCheckResult(
+                    check_name=STORM_CHECK, passed=True, description=str(skipped)
+                )
+                return
             held = held_changes(wh, source)
         if stats.drift:
             context.log.warning(
@@ -85,7 +99,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
             f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
         )
-        return dg.MaterializeResult(
+        yield dg.MaterializeResult(
             metadata={
                 "rows_fetched": stats.rows_fetched,
                 "rows_duplicate": stats.rows_duplicate,

@@ -489,6 +489,8 @@ def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: 
 
 def summarize(asset: str, meta: dict) -> str:
     """One line per materialized asset, from its metadata."""
+    if "skipped" in meta:  # a sync that found another one of its source running
+        return f"{asset}: {meta['skipped']}"
     if "rows_fetched" in meta:
         line = (
             f"{asset}: fetched {meta['rows_fetched']} rows in {meta['pages']} page(s) -> "

@@ -56,7 +56,7 @@ class RunFailed(ChangewatchError):
 
 # Our own errors raised inside the layers below the CLI: their message is the explanation.
 _OWN = (
-    "changewatch.warehouse.backends.WarehouseError",
+    "changewatch.warehouse.urls.WarehouseError",
     "changewatch.sources.errors.SourceError",
     "changewatch.evaluators.evaluate.FilterRuntimeError",
     "changewatch.evaluators.filters.FilterError",

@@ -139,6 +139,14 @@ def _metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
         found[materialization.asset_key.to_user_string()] = {
             k: v.value for k, v in materialization.metadata.items()
         }
+    for event in result.get_asset_observation_events():
+        # A sync that found another one of its source running observes its asset instead.
+        observation = event.asset_observation_data.asset_observation
+        if "skipped" in observation.metadata:
+            found.setdefault(
+                observation.asset_key.to_user_string(),
+                {k: v.value for k, v in observation.metadata.items()},
+            )
     failures = result.get_step_failure_events()
     if failures:
         failure = failures[0]

@@ -21,6 +21,7 @@ from changewatch.warehouse.urls import DEFAULT_URL, WarehouseError, describe_url
 
 __all__ = [
     "DEFAULT_URL",
+    "ConnectionLost",
     "DuckDBWarehouse",
     "PostgresWarehouse",
     "Rows",
@@ -45,6 +46,11 @@ _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # needs a shared one, which the sync's own connection holds too; a wait means someone queued
 # for an exclusive lock behind the sync, which would otherwise wait for the sync forever.
 _LOAD_LOCK_TIMEOUT = "10s"
+
+
+class ConnectionLost(WarehouseError):
+    """The connection to the warehouse went away (the server ended it, the network dropped)
+    in the middle of a transaction, which the server has rolled back."""
 
 
 # What can be staged or bulk loaded: a frame, an Arrow table, or Arrow record batches streamed
@@ -136,6 +142,16 @@ class Warehouse(ABC):
     @abstractmethod
     def lock(self, key: str) -> None:
         """Hold an exclusive lock on ``key`` until the current transaction ends."""
+
+    def try_hold(self, key: str) -> bool:
+        """Take an exclusive lock on ``key`` for this connection, across transactions, without
+        waiting: False when another connection holds it. ``release`` (or closing) gives it back.
+        Call it outside a transaction. Where one process owns the database, always True."""
+        return True
+
+    def release(self, key: str) -> None:
+        """Give back the lock ``try_hold`` took on ``key``."""
+        return
 
     @abstractmethod
     @contextmanager
@@ -414,15 +430,32 @@ class PostgresWarehouse(Warehouse):
     def lock(self, key: str) -> None:
         self._cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (key,))
 
+    def try_hold(self, key: str) -> bool:
+        # A session lock: it outlives the transaction it is taken in (and a rollback).
+        with self.transaction():
+            row = self.fetch("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", (key,))
+        return bool(row[0][0])
+
+    def release(self, key: str) -> None:
+        with self.transaction():
+            self.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", (key,))
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         # ADBC connections start with autocommit off: everything until commit is one transaction.
         try:
             yield
             self._con.commit()
-        except BaseException:
+        except BaseException as error:
             try:
                 self._con.rollback()
+            except Exception:
+                # No connection left to roll back on: the server has rolled the transaction
+                # back itself. What is worth telling is the loss, not the failed rollback.
+                raise ConnectionLost(
+                    f"the connection to PostgreSQL at {describe_url(self._url)} was lost "
+                    f"({_libpq_reason(_first_line_error(error))})"
+                ) from error
             finally:
                 for undo in self._on_rollback:
                     undo()
@@ -527,6 +560,11 @@ def _duckdb_open_problem(path: Path, message: str) -> str:
     if "database does not exist" in message:
         return f"no DuckDB warehouse at {path} yet: `changewatch sync` creates it"
     return f"cannot open DuckDB file {path}: {message.splitlines()[0] if message else ''}"
+
+
+def _first_line_error(error: BaseException) -> Exception:
+    """``error``'s first line, as an error for ``_libpq_reason`` (libpq adds lines of advice)."""
+    return Exception((str(error).strip().splitlines() or [type(error).__name__])[0])
 
 
 def _libpq_reason(error: Exception) -> str:

@@ -34,7 +34,7 @@ from changewatch.sources.normalize import (
 )
 from changewatch.sources.staged import STAGE_TYPES, STREAM_ROWS, StagedFetch
 from changewatch.sources.stream import StreamingNormalizer
-from changewatch.warehouse.backends import Warehouse
+from changewatch.warehouse.backends import ConnectionLost, Warehouse
 from changewatch.warehouse.schema import (
     SQL_TYPES,
     changes_table,
@@ -43,9 +43,11 @@ from changewatch.warehouse.schema import (
     evolved_column,
 )
 from changewatch.warehouse.statements import literal, quote, render
+from changewatch.warehouse.sync_lock import SyncSkipped, sync_lock
 
 __all__ = [
     "SyncConflict",
+    "SyncSkipped",
     "SyncStats",
     "apply_sync",
     "format_cursor",
@@ -55,11 +57,12 @@ __all__ = [
 ]
 
 
-class SyncConflict(Exception):
+class SyncConflict(SyncSkipped):
     """Another sync of the same source committed while this one was fetching.
 
     Applying this one's older view would move rows and cursor backwards, so it is dropped;
-    the next sync starts from the newer state.
+    the next sync starts from the newer state. (Syncs that all take the source's lock
+    (``sync_lock``) never meet so; one that does not, could.)
     """
 
 
@@ -124,6 +127,26 @@ def run_sync(
     now: datetime | None = None,
     silent: bool = False,
     full: bool = False,
+) -> SyncStats:
+    """Sync ``source`` into ``wh`` once and return what happened (see ``_run_sync``).
+
+    Raises ``SyncSkipped``, having recorded and fetched nothing, when another sync of the
+    source holds its lock (``sync_lock``).
+    """
+    with sync_lock(wh, source.config.name):
+        return _run_sync(
+            wh, source, dagster_run_id=dagster_run_id, now=now, silent=silent, full=full
+        )
+
+
+def _run_sync(
+    wh: Warehouse,
+    source: Source,
+    *,
+    dagster_run_id: str | None,
+    now: datetime | None,
+    silent: bool,
+    full: bool,
 ) -> SyncStats:
     """Sync ``source`` into ``wh`` once and return what happened.
 
@@ -212,6 +235,11 @@ def run_sync(
             )
     except BaseException as error:
         _record_failure(wh, stats, error)
+        if isinstance(error, ConnectionLost):
+            raise ConnectionLost(
+                f"source {config.name!r}: {error} during the sync; nothing of it is stored, "
+                "so it can simply run again"
+            ) from error
         raise
     return stats
 
@@ -251,7 +279,7 @@ def apply_sync(
         previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
         if (previous[0][2] if previous else None) != expected_last_sync:
             raise SyncConflict(
-                f"source {config.name!r}: another sync committed while this one was fetching; "
+                f"skipped: another sync of {config.name} committed while this one was fetching; "
                 "this one is dropped (the next sync starts from the newer state)"
             )
         if not staged.has_stored:
