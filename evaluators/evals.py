@@ -39,6 +39,7 @@ __all__ = [
     "examples_path",
     "format_scores",
     "load_examples",
+    "never_answered",
     "score_model",
 ]
 
@@ -133,6 +134,8 @@ class ModelScore:
     completion_tokens: int = 0
     latencies_ms: list[int] = field(default_factory=list)
     misses: list[str] = field(default_factory=list)  # one line per disagreement
+    endpoint: str = ""  # the model server's URL, without credentials
+    last_error: str | None = None  # why the latest unanswered example got no verdict
 
     @property
     def examples(self) -> int:
@@ -168,6 +171,7 @@ class ModelScore:
         self.latencies_ms.append(outcome.latency_ms)
         if outcome.verdict is None:
             self.unanswered += 1
+            self.last_error = outcome.error
             self.misses.append(f"{label}: expected {expected}, no answer ({outcome.error})")
             return
         notify = outcome.notify
@@ -199,10 +203,26 @@ def score_model(
     config = watch.judge if model is None else watch.judge.model_copy(update={"model": model})
     score = ModelScore(model=config.model)
     with make_judge(config) as judge:
+        score.endpoint = judge.url
         for index, example in enumerate(examples):
             outcome = judge.evaluate(example.change(watch.name))
             score.record(example.label(index), example.expect, outcome)
     return score
+
+
+def never_answered(scores: Iterable[ModelScore]) -> list[str]:
+    """A line for each model that answered none of its examples: its score measures nothing.
+
+    >>> lost = ModelScore("m", unanswered=2, endpoint="http://h:1/v1", last_error="timed out")
+    >>> never_answered([lost, ModelScore("n", true_positive=1)])
+    ["model 'm' at http://h:1/v1 never answered (2 example(s)): timed out"]
+    """
+    return [
+        f"model {s.model!r} at {s.endpoint or 'its default endpoint'} never answered "
+        f"({s.unanswered} example(s)): {s.last_error}"
+        for s in scores
+        if s.examples and s.unanswered == s.examples
+    ]
 
 
 def _share(value: float | None) -> str:

@@ -438,7 +438,7 @@ def judge_changes(
         if outcome.verdict is None:
             stats.judge_errors += 1
             failures_in_a_row += 1
-            last_error = f"judge unavailable: {outcome.error}"
+            last_error = outcome.error
             stats.judge_unavailable = (
                 f"unreachable at {judge.url}"
                 if outcome.unreachable

@@ -71,16 +71,18 @@ def _decision(watch: Watch, row: Mapping[str, Any]) -> list[str]:
         return ["not evaluated: before the watch started, or its record was pruned"]
     if decision == "filter_error":
         return [f"filter failed on this change's values (retried every run): {row['filter_error']}"]
-    lines = [f"filter {'passed' if row['passed_filter'] else 'failed'}: where {watch.where}"]
     if not row["passed_filter"]:
-        return lines
+        return [f"did not match the filter: where {watch.where}"]
+    lines = [f"filter passed: where {watch.where}"]
     if row["should_notify"] is not None:
         lines.append(_verdict(row))
     if decision == "skip":
         lines.append("not notified: the judge said no, or was less sure than min_confidence")
     elif decision in ("held", "dropped"):
         action = "held, retried next run" if decision == "held" else "dropped (on_unavailable)"
-        lines.append(f"judge unavailable: {row['judge_error']}; {action}")
+        # Evaluations before issue 17 stored some reasons with this prefix already.
+        reason = (row["judge_error"] or "no reason recorded").removeprefix("judge unavailable: ")
+        lines.append(f"not judged: {reason}; {action}")
     elif decision == "duplicate":
         lines.append(
             f"suppressed as a duplicate of notification {row['notification_id']} "

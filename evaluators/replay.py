@@ -142,7 +142,7 @@ def _compare(
     for row in changes.iter_rows(named=True):
         change_id, passed = row["change_id"], row["_passed"]
         if not passed:
-            would, reason = False, "filter failed"
+            would, reason = False, "did not match the filter"
         elif not judged:
             would, reason = True, "filter passed"
         else:
@@ -195,12 +195,21 @@ def _compare(
 def format_replay(watch: Watch, since: datetime, result: ReplayResult) -> str:
     """A summary line, then one line per change whose outcome differs (+ added, - dropped)."""
     s = result.stats
+    undecided = result.count("undecided")
+    why = ""
+    if undecided:  # the judge gave these no answer: say why, or the count means nothing
+        why = (
+            f" (judge {s.judge_unavailable})"
+            if s.judge_unavailable
+            else f" (the judge's call cap was reached: judge.max_calls_per_run is "
+            f"{watch.judge.max_calls_per_run if watch.judge else 0})"
+        )
     lines = [
         f"replay {result.version} of {watch.name} since {since:%Y-%m-%d %H:%M} UTC: "
         f"{s.changes_read} change(s), {s.passed_filter} passed the filter, {s.judged} judged "
         f"({s.judge_cache_hits} cached); {result.count('added')} added, "
         f"{result.count('dropped')} dropped, {result.count('same')} unchanged, "
-        f"{result.count('undecided')} undecided; nothing was sent"
+        f"{undecided} undecided{why}; nothing was sent"
     ]
     differ = result.changes.filter(pl.col("outcome").is_in(["added", "dropped"]))
     for row in differ.iter_rows(named=True):

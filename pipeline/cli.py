@@ -357,6 +357,7 @@ def _eval(config: ChangewatchConfig, args: argparse.Namespace) -> int:
         examples_path,
         format_scores,
         load_examples,
+        never_answered,
         score_model,
     )
     from changewatch.pipeline.config import config_path
@@ -381,10 +382,14 @@ def _eval(config: ChangewatchConfig, args: argparse.Namespace) -> int:
     scores = [score_model(watch, examples, model) for model in (args.model or [None])]
     print(f"{watch.name}: {len(examples)} example(s) from {path}")
     print(format_scores(scores))
+    # A model that never answered scored nothing: that is a failure, whatever the threshold.
+    silent = never_answered(scores)
+    for line in silent:
+        print(f"changewatch: {line}", file=sys.stderr)
     if args.min_agreement is not None and any(s.agreement < args.min_agreement for s in scores):
         print(f"changewatch: agreement below {args.min_agreement:.2f}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if silent else 0
 
 
 def _feedback(notification_id: str, rating: str, note: str | None) -> int:

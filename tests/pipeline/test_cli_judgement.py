@@ -155,3 +155,24 @@ def test_the_local_judge_without_its_extra_is_one_line(tmp_path: Path) -> None:
         1,
         "changewatch: the local judge needs `pip install -e '.[local]'`\n",
     )
+
+
+def test_eval_fails_when_the_model_never_answered(tmp_path: Path) -> None:
+    import socket
+
+    cwd = tmp_path
+    (cwd / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
+    (cwd / "evals").mkdir()
+    example = {"kind": "insert", "new": {"title": "Leaked token"}, "expect": "notify"}
+    (cwd / "evals" / "security_review.yaml").write_text(yaml.safe_dump({"examples": [example]}))
+    with socket.socket() as sock:  # bound, not listening: connections are refused
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        env = {"DAGSTER_HOME": str(tmp_path), "CHANGEWATCH_LLM_BASE_URL": url}
+        done = run_cli("eval", "security_review", cwd=cwd, **env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(
+        f"changewatch: model 'llama3.2' at {url} never answered (1 example(s)): "
+        "could not connect to the model server"
+    ), done.stderr
