@@ -97,7 +97,8 @@ NODES = _types(
     Any All Exists In Between Like ILike SimilarTo Glob Is Not And Or Xor EQ NEQ GT GTE LT LTE
     NullSafeEQ NullSafeNEQ Add Sub Mul Div IntDiv Mod Neg DPipe BitwiseAnd BitwiseOr BitwiseXor
     BitwiseNot BitwiseLeftShift BitwiseRightShift Escape AtTimeZone HexString ByteString
-    BitString JSONPath JSONPathKey JSONPathRoot JSONPathSubscript JSONPathWildcard
+    BitString RawString UnicodeString Collate JSONPath JSONPathKey JSONPathRoot JSONPathSubscript
+    JSONPathWildcard
     JSONPathSlice
     """
 )
@@ -179,6 +180,9 @@ def _check(
     elif kind not in NODES and kind not in FUNCTIONS:
         shown = _function(node, dialect) if isinstance(node, exp.Func) else None
         raise QueryRefused(_not_allowed(shown or _describe(node, dialect)))
+    if kind is exp.Dot and isinstance(node.expression, exp.Func):
+        # schema.function(...): a function of another schema, whatever its name.
+        raise QueryRefused(_not_allowed(f"the schema-qualified function {_snippet(node, dialect)}"))
     if kind is exp.Select and (node.args.get("into") or node.args.get("locks")):
         raise QueryRefused(_not_allowed("SELECT INTO or FOR UPDATE/SHARE"))
     if kind is exp.DataType and node.this == exp.DataType.Type.USERDEFINED:
@@ -195,6 +199,8 @@ def _check_table(
     if not isinstance(node.this, exp.Identifier):
         if type(node.this) in FROM_FUNCTIONS:
             return
+        if node.this is None:
+            raise QueryRefused(_not_allowed(_describe(node, dialect)))
         shown = _function(node.this, dialect) or _describe(node.this, dialect)
         raise QueryRefused(_not_allowed(f"table {shown}"))
     name = _name(node.this)
