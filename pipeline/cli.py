@@ -166,13 +166,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _seconds(text: str) -> float:
-    """A positive number of seconds, for argparse."""
+    """A positive number of seconds up to 24 days (PostgreSQL's statement_timeout), for
+    argparse."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, not {text!r}")
+    if not 0 < value <= 24 * 86_400:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds above 0 and up to {24 * 86_400}, not {text!r}"
+        )
     return value
 
 

@@ -181,6 +181,13 @@ def test_a_never_ending_query_ends_at_its_timeout(empty_warehouse: str, tmp_path
     # A query that ends in time is unaffected by the limit.
     fine = run_cli("sql", "SELECT 42 AS answer", "--timeout", "1", url=warehouse_url, cwd=tmp_path)
     assert fine.returncode == 0 and "42" in fine.stdout, fine.stderr
+    # No limit is no option: 0 (or beyond PostgreSQL's 24 days) is a usage error.
+    none = run_cli("sql", "SELECT 1", "--timeout", "0", url=warehouse_url, cwd=tmp_path)
+    assert none.returncode == 2
+    assert none.stderr.endswith(
+        "error: argument --timeout: expected a number of seconds above 0 and up to 2073600, "
+        "not '0'\n"
+    ), none.stderr
 
 
 def test_the_timeout_ends_a_query_in_process_too(empty_warehouse: str) -> None:
