@@ -106,21 +106,30 @@ def _fetch(wh: Warehouse, statement: str, timeout: float) -> pa.Table:
     limit = QueryTimeout(
         f"the query ran past its {timeout:g} s limit (--timeout SECONDS to change it)"
     )
-    if wh.dialect == "postgres":
-        # The server's own limit: it ends the query even if this process is killed.
-        milliseconds = max(1, round(timeout * 1000))
-        with wh.transaction():  # committed: the session keeps the settings
-            wh.execute(f"SET statement_timeout = {milliseconds}")
-            wh.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
-        try:
-            return wh.fetch_batches(statement).read_all()
-        except Exception as error:
-            # Streamed results fail as a pyarrow OSError, without the SQLSTATE.
-            if getattr(error, "sqlstate", None) == _QUERY_CANCELED or _TIMED_OUT in str(error):
-                raise limit from None
-            raise
+    fetch = _fetch_postgres if wh.dialect == "postgres" else _fetch_duckdb
+    return fetch(wh, statement, timeout, limit)
+
+
+def _fetch_postgres(wh: Warehouse, statement: str, timeout: float, limit: Exception) -> pa.Table:
+    # The server's own limit: it ends the query even if this process is killed (PostgreSQL
+    # does not notice a dead client while a query runs).
+    milliseconds = max(1, round(timeout * 1000))
+    with wh.transaction():  # committed: the session keeps the settings
+        wh.execute(f"SET statement_timeout = {milliseconds}")
+        wh.execute(f"SET idle_in_transaction_session_timeout = {milliseconds}")
+    try:
+        return wh.fetch_batches(statement).read_all()
+    except Exception as error:
+        # Streamed results fail as a pyarrow OSError, without the SQLSTATE.
+        if getattr(error, "sqlstate", None) == _QUERY_CANCELED or _TIMED_OUT in str(error):
+            raise limit from None
+        raise
+
+
+def _fetch_duckdb(wh: Warehouse, statement: str, timeout: float, limit: Exception) -> pa.Table:
     # DuckDB has no statement timeout: a watchdog interrupts the statement, again and again
     # until it returns (an interrupt that lands between two steps of a statement is lost).
+    # The query runs in this process, so it cannot outlive it.
     done, fired = threading.Event(), threading.Event()
 
     def watch() -> None:
