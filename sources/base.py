@@ -144,7 +144,7 @@ class SourceBase(BaseModel):
     # The largest value (a string's UTF-8 bytes, anything else as JSON text) a record may
     # carry. Normalizing a document takes DuckDB some 20 times its size in memory, so a sync
     # refuses one value past this, naming source, record and field, instead of running out.
-    max_value_bytes: int = Field(default=64 << 20, ge=1)
+    max_value_bytes: ByteSize = Field(default=64 << 20, ge=1)
 
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.

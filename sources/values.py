@@ -13,22 +13,10 @@ from typing import Any
 import orjson
 from changewatch.sources.base import SourceBase
 from changewatch.sources.errors import PayloadError
+from changewatch.sources.limits import format_size
 from changewatch.sources.normalize import parse_path
 
-__all__ = ["check_value_sizes", "describe_bytes"]
-
-
-def describe_bytes(size: int) -> str:
-    """A byte count for messages.
-
-    >>> describe_bytes(64 << 20), describe_bytes(20_000_002), describe_bytes(1536)
-    ('64 MiB', '19.1 MiB', '1.5 KiB')
-    """
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if size >= 1 << shift:
-            value = size / (1 << shift)
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
-    return f"{size} bytes"
+__all__ = ["check_value_sizes"]
 
 
 def check_value_sizes(document: bytes, records_path: str | None, config: SourceBase) -> None:
@@ -55,8 +43,8 @@ def check_value_sizes(document: bytes, records_path: str | None, config: SourceB
                 path, size = found
                 raise PayloadError(
                     f"source {config.name!r}: record {_key(record, config)}: field {path!r} "
-                    f"is {describe_bytes(size)}, over max_value_bytes "
-                    f"({describe_bytes(limit)}); raise it in watches.yaml"
+                    f"is {format_size(size)}, over max_value_bytes "
+                    f"({format_size(limit)}); raise it in watches.yaml"
                 )
 
 

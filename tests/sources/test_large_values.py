@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from apiserver import ApiServer, Received, Reply
 from changewatch.sources.errors import PayloadError
-from changewatch.sources.http import HttpPolicy
 from changewatch.sources.rest import RestSource, build_rest_source
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
@@ -48,10 +47,11 @@ def big_source(api: ApiServer, **settings: Any) -> RestSource:
         "columns": {"id": "bigint", "title": "text"},
         "base_url": api.base_url,
         "path": "items",
+        # The response cap (64 MiB by default) is another limit than the value's.
+        "max_response_bytes": "256MiB",
         **settings,
     }
-    # The response cap (64 MiB by default) is another limit than the value's: raised here.
-    return build_rest_source(config, policy=HttpPolicy(max_response_bytes=256 << 20))
+    return build_rest_source(config)
 
 
 def stored_title(wh: Any, key: int) -> str:
@@ -66,7 +66,7 @@ def test_a_large_value_is_stored_exactly_and_its_change_too(
     # 128 MB writing a 100 MB one), and every later sync failed the same way.
     payload = BigRecords(size)
     api.route("/items", payload)
-    source = big_source(api, max_value_bytes=128 << 20)
+    source = big_source(api, max_value_bytes="128MiB")
     with connect(warehouse_url) as wh:
         first = run_sync(wh, source)
         assert (first.inserted, first.updated) == (2, 0)
@@ -89,7 +89,7 @@ def test_a_value_over_max_value_bytes_is_refused_by_name_and_the_source_is_not_s
     api.route("/items", BigRecords(3 << 20))
     with connect(warehouse_url) as wh:
         with pytest.raises(PayloadError) as refused:
-            run_sync(wh, big_source(api, max_value_bytes=1 << 20))
+            run_sync(wh, big_source(api, max_value_bytes="1MiB"))
         assert str(refused.value) == (
             "source 'acme_items': record {'id': 1}: field 'title' is 3 MiB, over "
             "max_value_bytes (1 MiB); raise it in watches.yaml"
@@ -113,6 +113,6 @@ def test_a_nested_value_over_the_limit_is_named_by_its_path(
     with connect(warehouse_url) as wh, pytest.raises(PayloadError) as refused:
         run_sync(wh, big_source(api, max_value_bytes=4096))
     assert str(refused.value).startswith(
-        "source 'acme_items': record {'id': 7}: field 'meta.blobs[1]' is 4.9 KiB, over "
+        "source 'acme_items': record {'id': 7}: field 'meta.blobs[1]' is 4.883 KiB, over "
         "max_value_bytes (4 KiB)"
     )
