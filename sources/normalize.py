@@ -23,6 +23,7 @@ import pyarrow as pa
 from changewatch import sql
 from changewatch.sources.base import ColumnSpec, FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
+from changewatch.sources.limits import format_size
 
 __all__ = [
     "Batch",
@@ -552,6 +553,21 @@ def _value_at(raw: Any, steps: Sequence[_Step]) -> Any:
     return value
 
 
+def _out_of_memory(
+    con: duckdb.DuckDBPyConnection, config: SourceBase, error: duckdb.Error
+) -> PayloadError:
+    """No record's fault: which documents, how large the largest, and what to change."""
+    first, last, largest = con.sql(
+        "SELECT min(doc_index) + 1, max(doc_index) + 1, max(strlen(doc)) FROM documents"
+    ).fetchall()[0]
+    which = f"document {first}" if first == last else f"documents {first}-{last}"
+    return PayloadError(
+        f"source {config.name!r}: out of memory normalizing {which} (the largest is "
+        f"{format_size(largest)}): {str(error).splitlines()[0]}; lower the source's "
+        f"max_value_bytes ({format_size(config.max_value_bytes)}) to refuse such values"
+    )
+
+
 def _not_text(documents: Sequence[bytes], config: SourceBase, first: int) -> PayloadError:
     """The error naming the first of ``documents`` that is not UTF-8 text."""
     for index, document in enumerate(documents):
@@ -568,6 +584,8 @@ def _not_text(documents: Sequence[bytes], config: SourceBase, first: int) -> Pay
 def _locate_bad_document(
     con: duckdb.DuckDBPyConnection, config: SourceBase, error: duckdb.Error
 ) -> PayloadError:
+    if isinstance(error, duckdb.OutOfMemoryException):
+        return _out_of_memory(con, config, error)
     found = con.sql(
         "SELECT doc_index FROM documents WHERE NOT json_valid(doc) ORDER BY doc_index LIMIT 1"
     ).fetchall()

@@ -6,9 +6,12 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import duckdb
 import pytest
 from apiserver import ApiServer, Received, Reply
+from changewatch.sources.base import SourceBase
 from changewatch.sources.errors import PayloadError
+from changewatch.sources.normalize import normalize_batch
 from changewatch.sources.rest import RestSource, build_rest_source
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
@@ -116,3 +119,24 @@ def test_a_nested_value_over_the_limit_is_named_by_its_path(
         "source 'acme_items': record {'id': 7}: field 'meta.blobs[1]' is 4.883 KiB, over "
         "max_value_bytes (4 KiB)"
     )
+
+
+def test_running_out_of_memory_is_named_as_such_not_as_a_bad_record() -> None:
+    # Before, it read "records do not fit the declared columns: Out of Memory Error ...".
+    config = SourceBase(
+        name="acme_items",
+        type="rest",
+        table="items",
+        primary_key="id",
+        columns={"id": "bigint", "title": "text"},
+    )
+    big = json.dumps([{"id": 1, "title": "x" * 8_000_000}]).encode()
+    with duckdb.connect(config={"memory_limit": "30MB", "threads": 1}) as con:
+        with pytest.raises(PayloadError) as refused:
+            normalize_batch([b'[{"id": 0}]', big], None, config, connection=con, first_document=4)
+    message = str(refused.value)
+    assert message.startswith(
+        "source 'acme_items': out of memory normalizing documents 5-6 (the largest is 7.629 MiB): "
+        "Out of Memory Error: "
+    )
+    assert message.endswith("; lower the source's max_value_bytes (64 MiB) to refuse such values")
