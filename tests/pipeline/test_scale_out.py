@@ -2,9 +2,9 @@
 
 Each `changewatch sync <source>` is its own process (as a run launched by the daemon would be),
 recording into the deployment's instance (deploy/dagster.yaml, Dagster storage in a database of
-its own). A gate proves the syncs overlap: the test holds every source's sync lock, so each
-sync fetches and then waits at its commit; only when all eight wait at once is the gate opened.
-With one `warehouse` pool slot for everything, seven would wait for the slot instead.
+its own). A gate proves the syncs overlap: the test holds every source's `sync_state` row, so
+each sync fetches and then waits at its commit; only when all eight wait at once is the gate
+opened. With one `warehouse` pool slot for everything, seven would wait for the slot instead.
 
 No Docker engine runs here: the compose file is checked as data against the commands the
 README documents, and those commands run for real (code server, webserver, daemon).
@@ -20,11 +20,12 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import dagster as dg
@@ -35,8 +36,10 @@ import yaml
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
+from changewatch.warehouse.schema import ensure_bookkeeping
 from cw_testing import PG_URL, REPO
 from dagster._core.run_coordinator import QueuedRunCoordinator
+from patience import STALL_S, reaped, wait_working
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
 pytestmark = pytest.mark.heavy
@@ -44,10 +47,8 @@ pytestmark = pytest.mark.heavy
 SOURCES = [f"tracker_{i}" for i in range(8)]
 BIN = Path(sys.executable).parent
 CHANGEWATCH = BIN / "changewatch"
-# Eight processes importing Dagster on a busy two-core machine take a while to get there.
-GATE_TIMEOUT_S = 120
-# Three servers starting, then two runs launched by the daemon, on that same machine.
-PROCESSES_TIMEOUT_S = 240
+# The sync sensor's minimum interval (pipeline/sensors.py): the daemon's first tick may wait it.
+SENSOR_INTERVAL_S = 30
 
 
 @pytest.fixture
@@ -125,76 +126,99 @@ def write_watches(path: Path, trackers: dict[str, DemoAPIServer]) -> Path:
 
 
 @contextmanager
-def gate(sources: list[str]) -> Iterator[Callable[[], int]]:
-    """Hold the sync lock of every source; yields how many syncs wait at it right now.
+def gate(warehouse_url: str, sources: list[str]) -> Iterator[Callable[[], int]]:
+    """Hold every source's `sync_state` row in an open transaction; yields how many syncs
+    wait on it right now.
 
-    A sync fetches, then takes its source's lock to commit: a sync waiting here is a step
-    running inside its pool slot. Leaving the block opens the gate.
+    A sync writes its `sync_state` row last in its commit transaction: a sync waiting here has
+    fetched and written its changes, uncommitted, inside its step and so inside its pool
+    slot. (Its sync lock is no gate: a sync that finds it held skips.) Leaving the block rolls
+    the transaction back, writing nothing, and opens the gate.
     """
-    keys = [f"changewatch:sync:{name}" for name in sources]
-    con = psycopg2.connect(PG_URL)
-    con.autocommit = True
+    with connect(warehouse_url) as wh, wh.transaction():
+        ensure_bookkeeping(wh)  # the first sync's table, so its rows can be held before it
+    schema = parse_qs(urlsplit(warehouse_url).query)["schema"][0]
+    holder = psycopg2.connect(PG_URL)  # a transaction, held until the gate opens
+    watcher = psycopg2.connect(PG_URL)
+    watcher.autocommit = True
 
     def waiting() -> int:
-        with con.cursor() as cur:
+        with watcher.cursor() as cur:
             cur.execute(
-                """
-                SELECT count(*) FROM pg_locks l
-                JOIN (SELECT hashtextextended(k, 0) AS h FROM unnest(%s::text[]) AS k) keys
-                  ON l.classid::bigint = (keys.h >> 32) & 4294967295
-                 AND l.objid::bigint = keys.h & 4294967295
-                WHERE l.locktype = 'advisory' AND NOT l.granted
-                """,
-                (keys,),
+                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+                (holder.get_backend_pid(),),
             )
             return cur.fetchone()[0]
 
     try:
-        with con.cursor() as cur:
-            for key in keys:
-                cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (key,))
+        with holder.cursor() as cur:
+            for name in sources:
+                cur.execute(
+                    f'INSERT INTO "{schema}".sync_state (source, table_name) VALUES (%s, %s) '
+                    "ON CONFLICT (source) DO UPDATE SET table_name = EXCLUDED.table_name",
+                    (name, name),
+                )
         yield waiting
     finally:
-        with con.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock_all()")
-        con.close()
+        holder.rollback()
+        holder.close()
+        watcher.close()
 
 
 def sync_all_at_once(env: dict[str, str], cwd: Path) -> None:
-    """Start `changewatch sync <source>` for every source at once, behind the gate."""
-    procs: list[subprocess.Popen] = []
-    try:
-        with gate(SOURCES) as waiting:
-            procs = [
-                subprocess.Popen(
-                    [str(CHANGEWATCH), "sync", name],
-                    env=env,
-                    cwd=cwd,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
+    """Start `changewatch sync <source>` for every source at once, behind the gate.
+
+    The waits follow the work (see tests/patience.py): the first sync to reach the gate shows
+    how long getting there takes on this machine right now, and the others, started at the
+    same moment, get twice that (plus a stall's worth) to join it.
+    """
+    with ExitStack() as stack:
+        # Files, not pipes: nothing blocks on a full pipe, and nothing is left open.
+        outputs = {name: stack.enter_context(tempfile.TemporaryFile("w+")) for name in SOURCES}
+        procs = stack.enter_context(reaped([]))  # killed and reaped first, whatever happens
+
+        def output(name: str) -> str:
+            outputs[name].seek(0)
+            return outputs[name].read()[-2000:]
+
+        def ended() -> list[str]:
+            return [n for n, p in zip(SOURCES, procs, strict=True) if p.poll() is not None]
+
+        with gate(env["CHANGEWATCH_WAREHOUSE_URL"], SOURCES) as waiting:
+            for name in SOURCES:
+                command = [str(CHANGEWATCH), "sync", name]
+                out = outputs[name]
+                procs.append(
+                    subprocess.Popen(command, env=env, cwd=cwd, stdout=out, stderr=out, text=True)
                 )
-                for name in SOURCES
-            ]
-            deadline = time.monotonic() + GATE_TIMEOUT_S
-            held = 0
-            while time.monotonic() < deadline and held < len(SOURCES):
-                if any(p.poll() is not None for p in procs):
-                    break  # a sync ended before the gate opened: it failed
-                time.sleep(0.2)
-                held = waiting()
-            ended = [p.communicate()[1][-2000:] for p in procs if p.poll() is not None]
-            assert held == len(SOURCES), (
-                f"only {held} of {len(SOURCES)} syncs were writing at the same time; "
-                f"ended early: {ended}"
+
+            def pids() -> list[int]:
+                return [p.pid for p in procs]
+
+            early = "a sync ended before the gate opened, so it failed"
+            first = wait_working(
+                lambda: waiting() >= 1 or bool(ended()), pids=pids, what="the first sync"
             )
-    except BaseException:
-        for p in procs:
-            p.kill()
-        raise
-    for name, p in zip(SOURCES, procs, strict=True):
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, f"{name}: exit {p.returncode}\n{out}\n{err}"
+            assert not ended(), f"{early}: {[output(n) for n in ended()]}"
+            wait_working(
+                lambda: waiting() == len(SOURCES) or bool(ended()),
+                pids=pids,
+                progress=waiting,
+                limit=2 * first + STALL_S,
+                what=f"{len(SOURCES)} syncs writing at the same time (progress: how many were)",
+            )
+            assert not ended(), f"{early}: {[output(n) for n in ended()]}"
+            assert waiting() == len(SOURCES)
+        # The gate is open: each commits, evaluates and delivers, less than it did to get here.
+        wait_working(
+            lambda: len(ended()) == len(SOURCES),
+            pids=pids,
+            progress=lambda: len(ended()),
+            limit=2 * first + STALL_S,
+            what="the syncs, once the gate opened",
+        )
+        for name, p in zip(SOURCES, procs, strict=True):
+            assert p.returncode == 0, f"{name}: exit {p.returncode}\n{output(name)}"
 
 
 def check_warehouse(url: str, lines_path: Path, expected: dict[str, dict[str, set[int]]]) -> int:
@@ -305,8 +329,9 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
     # The superuser runs only the role script, once, on an empty data volume; everything else
     # connects as the least-privilege roles it creates, under the names it creates them.
     assert postgres["environment"]["POSTGRES_USER"] == "postgres"
-    assert "./postgres-init.sh:/docker-entrypoint-initdb.d/postgres-init.sh:ro" in (
-        postgres["volumes"]
+    assert (
+        "./postgres-init.sh:/docker-entrypoint-initdb.d/postgres-init.sh:ro"
+        in (postgres["volumes"])
     )
     assert "./postgres-roles.sql:/opt/changewatch/postgres-roles.sql:ro" in postgres["volumes"]
     init_script = (DEPLOY / "postgres-init.sh").read_text(encoding="utf-8")
@@ -458,29 +483,39 @@ def test_code_server_webserver_and_daemon_run_two_syncs_at_once(
             )
             return ""
 
-        deadline = time.monotonic() + PROCESSES_TIMEOUT_S
-        with gate(list(trackers)) as waiting:
-            info = None
-            while info is None and time.monotonic() < deadline:
-                alive()
-                try:
-                    info = httpx.get(f"http://127.0.0.1:{web_port}/server_info", timeout=5).json()
-                except httpx.HTTPError:
-                    time.sleep(0.5)
-            assert info and "dagster_webserver_version" in info, alive()
-            # The daemon's sensor requests every source at once; the run queue launches both
-            # runs through the code server, and both syncs reach their commit together.
-            while waiting() < len(trackers) and time.monotonic() < deadline:
-                alive()
-                time.sleep(0.5)
-            assert waiting() == len(trackers), alive()
+        def pids() -> list[int]:
+            return [p.pid for p in procs.values()]
+
+        def webserver_up() -> bool:
+            alive()
+            try:
+                info = httpx.get(f"http://127.0.0.1:{web_port}/server_info", timeout=5).json()
+            except httpx.HTTPError:
+                return False
+            return "dagster_webserver_version" in info
+
+        # How long a process takes to load Dagster and the code location on this machine now:
+        # the yardstick of the waits below (a run worker does the same before it syncs).
+        started = wait_working(webserver_up, pids=pids, what="the webserver")
+        with gate(pg_warehouse, list(trackers)) as waiting:
+            # The daemon's sensor requests every source at once (its first tick may come a
+            # sensor interval later); the run queue launches both runs through the code server,
+            # and both syncs reach their commit together.
+            wait_working(
+                lambda: alive() or waiting() == len(trackers),
+                pids=pids,
+                progress=waiting,
+                limit=SENSOR_INTERVAL_S + 3 * started + STALL_S,
+                what="both syncs writing at the same time (progress: how many were)",
+            )
         # The gate is open: both runs finish, recorded in the shared instance.
         with dg.DagsterInstance.get() as instance:
-            while time.monotonic() < deadline:
+
+            def finished() -> bool:
                 runs = instance.get_runs()
-                if len(runs) == len(trackers) and all(r.is_finished for r in runs):
-                    break
-                time.sleep(0.5)
+                return len(runs) == len(trackers) and all(r.is_finished for r in runs)
+
+            wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the two runs")
             assert sorted((r.job_name, r.status) for r in instance.get_runs()) == [
                 (f"sync_{name}", dg.DagsterRunStatus.SUCCESS) for name in sorted(trackers)
             ], alive()
