@@ -144,8 +144,8 @@ def deliver_due(
     for channel_name, count in recovered.requeued.items():
         stats.requeued += count
         stats.log.append(
-            f"{channel_name}: {count} send(s) cut short by a crash sent again (the receiver "
-            "recognises a repeat)"
+            f"{channel_name}: {count} send(s) cut short by a crash requeued, to be sent again "
+            "(the receiver recognises a repeat)"
         )
     for channel_name, count in recovered.parked.items():
         stats.interrupted += count
