@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["STALL_S", "cpu_seconds", "reaped", "wait_working"]
+__all__ = ["STALL_S", "cpu_seconds", "descendants", "reaped", "wait_working"]
 
 # How long the watched processes may do no work at all (less than MIN_WORK_S of CPU between
 # them, and no progress) before a wait fails: a hang, not slowness.
@@ -45,6 +45,11 @@ def _tree(roots: Iterable[int]) -> set[int]:
         found |= more
         grew = bool(more)
     return found
+
+
+def descendants(pid: int) -> set[int]:
+    """The processes ``pid`` started, and theirs (a test's code server and run workers, say)."""
+    return _tree([pid]) - {pid}
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
