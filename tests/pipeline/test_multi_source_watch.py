@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 import yaml
+from changewatch.pipeline.watch_assets import EVALUATED_CHECK
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
+from dagster import DagsterEventType, DagsterInstance
 from test_cli import EVAL_LINE, run_cli
 
 # Subprocesses: started first (see tests/conftest.py).
@@ -36,6 +38,19 @@ def write_config(folder: Path, base_url: str, watches: list[dict[str, Any]]) -> 
     }
     (folder / "watches.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     (folder / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+
+
+def checks(folder: Path) -> dict[str, bool]:
+    """Each evaluation asset's `evaluated` check in the one run recorded under ``folder``."""
+    with DagsterInstance.from_config(str(folder)) as instance:
+        (run,) = instance.get_runs()
+        events = instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    found = {}
+    for event in events:
+        evaluation = event.dagster_event.event_specific_data
+        if evaluation.check_name == EVALUATED_CHECK:
+            found[evaluation.asset_key.to_user_string()] = evaluation.passed
+    return found
 
 
 def cli_env(folder: Path, warehouse_url: str) -> dict[str, str]:
@@ -104,6 +119,12 @@ def test_a_watch_that_fails_stops_no_other_watch_nor_delivery(
         assert wh.fetch(
             "SELECT count(*) FROM evaluations WHERE watch IN ('broken', 'also_broken')"
         ) == [(0,)]
+    # The run's record says so too: each broken watch's `evaluated` check failed, with why.
+    assert checks(tmp_path) == {
+        "eval_also_broken": False,
+        "eval_broken": False,
+        "eval_fine": True,
+    }
 
     # Fixed, the watch reads every change it missed; the fine one is not told twice.
     watches[0]["where"] = "kind = 'insert' AND number <= 3"
