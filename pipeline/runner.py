@@ -20,6 +20,7 @@ from changewatch.pipeline.locations import (
 from changewatch.pipeline.sensors import sync_job_name
 from changewatch.pipeline.watch_assets import (
     EVALUATION_FAILED,
+    EVALUATION_TRACE,
     NOTIFICATIONS_ASSET,
     evaluation_asset_name,
 )
@@ -174,15 +175,16 @@ def _raise_failed_watches(found: dict[str, dict[str, Any]]) -> None:
     failed = {
         asset: meta[EVALUATION_FAILED] for asset, meta in found.items() if EVALUATION_FAILED in meta
     }
+    trace = "\n".join(str(found[asset].get(EVALUATION_TRACE, "")) for asset in sorted(failed))
     if len(failed) == 1:
         ((asset, message),) = failed.items()
-        raise RunFailed(asset, message, results=found, trace="")
+        raise RunFailed(asset, message, results=found, trace=trace)
     if failed:
         raise RunFailed(
             ", ".join(sorted(failed)),
             "see each above; the other watches and delivery went on",
             results=found,
-            trace="",
+            trace=trace,
         )
 
 

@@ -19,6 +19,7 @@ from dagster import AssetExecutionContext
 __all__ = [
     "EVALUATED_CHECK",
     "EVALUATION_FAILED",
+    "EVALUATION_TRACE",
     "HELD_CHECK",
     "JUDGE_CHECK",
     "NOTIFICATIONS_ASSET",
@@ -37,6 +38,7 @@ HELD_CHECK = "no_held_changes"
 EVALUATED_CHECK = "evaluated"
 # The metadata key of a failed evaluation: its one-line error (see _failed).
 EVALUATION_FAILED = "evaluation_failed"
+EVALUATION_TRACE = "evaluation_traceback"
 
 
 def evaluation_asset_name(watch: Watch) -> str:
@@ -134,8 +136,8 @@ def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> d
     the asset in the UI and the CLI's summary names the watch and exits non-zero.
     """
     message = redact(_first_line(error))
-    context.log.error(f"{watch.name}: evaluation failed, its changes wait: {message}")
-    context.log.error(redact("".join(traceback.format_exception(error))))
+    trace = redact("".join(traceback.format_exception(error)))
+    context.log.error(f"{watch.name}: evaluation failed, its changes wait: {message}\n{trace}")
     # Every declared check reports (Dagster requires it): the changes wait, as the held
     # check says; the judge was not asked, so nothing is known against it.
     checks = [
@@ -160,7 +162,11 @@ def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> d
                 description="not asked: the evaluation failed before judging",
             )
         )
-    return dg.MaterializeResult(metadata={EVALUATION_FAILED: message}, check_results=checks)
+    return dg.MaterializeResult(
+        # The traceback for `--debug` (the CLI's summary shows only the message).
+        metadata={EVALUATION_FAILED: message, EVALUATION_TRACE: dg.MetadataValue.text(trace)},
+        check_results=checks,
+    )
 
 
 def _first_line(error: Exception) -> str:

@@ -129,9 +129,13 @@ def test_a_watch_that_fails_stops_no_other_watch_nor_delivery(
     # Fixed, the watch reads every change it missed; the fine one is not told twice.
     watches[0]["where"] = "kind = 'insert' AND number <= 3"
     write_config(tmp_path, demo_api.url, watches)
-    again = run_cli("sync", "a", cwd=tmp_path, **env)
+    again = run_cli("--debug", "sync", "a", cwd=tmp_path, **env)
     assert again.returncode == 1, again.stdout + again.stderr
-    assert again.stderr.strip().startswith("changewatch: eval_also_broken failed: ")
+    assert (
+        again.stderr.strip().splitlines()[-1].startswith("changewatch: eval_also_broken failed: ")
+    )
+    # --debug shows where the failed watch's evaluation failed.
+    assert "FilterRuntimeError: watch 'also_broken': its filter fails" in again.stderr
     read = {m[0]: (int(m[1]), int(m[5])) for m in EVAL_LINE.findall(again.stdout)}
     assert read == {"broken": (40, 3), "fine": (0, 0)}, again.stdout
     assert "notifications: 3 delivered" in again.stdout
