@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["STALL_S", "cpu_seconds", "descendants", "reaped", "wait_working"]
+__all__ = ["STALL_S", "cpu_seconds", "descendants", "reaped", "run", "wait_working"]
 
 # How long the watched processes may do no work at all (less than MIN_WORK_S of CPU between
 # them, and no progress) before a wait fails: a hang, not slowness.
@@ -109,3 +110,30 @@ def reaped(procs: list[subprocess.Popen]) -> Iterator[list[subprocess.Popen]]:
                 proc.kill()
         for proc in procs:
             proc.communicate()  # waits, drains and closes stdout/stderr
+
+
+def run(
+    command: list[str], *, what: str | None = None, limit: float | None = None, **options: object
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(command, capture_output=True, text=True, **options)``, waiting while
+    the process works instead of for a fixed timeout; killed and reaped if the wait fails.
+
+    The output goes through temporary files, so a chatty process never blocks on a full pipe.
+    ``limit`` (seconds) only where a caller has a reason beyond the work; by default none.
+    """
+    with (
+        tempfile.TemporaryFile("w+") as out,
+        tempfile.TemporaryFile("w+") as err,
+        reaped([]) as procs,
+    ):
+        procs.append(subprocess.Popen(command, stdout=out, stderr=err, text=True, **options))
+        proc = procs[0]
+        wait_working(
+            lambda: proc.poll() is not None,
+            pids=lambda: [proc.pid],
+            what=what or " ".join(map(str, command))[:200],
+            limit=limit,
+        )
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read())

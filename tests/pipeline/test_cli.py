@@ -17,6 +17,7 @@ import pytest
 from changewatch.evaluators import local_model
 from changewatch.sources.demo import DemoTracker
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
+from patience import run
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
 pytestmark = pytest.mark.heavy
@@ -25,16 +26,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(
-    *args: str, cwd: Path, timeout: float = 180, **env: str
+    *args: str, cwd: Path, timeout: float | None = None, **env: str
 ) -> subprocess.CompletedProcess[str]:
+    """The CLI in a subprocess, waited for while it works (tests/patience.py), however loaded
+    the machine; ``timeout`` adds a limit in seconds."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
-    return subprocess.run(
+    return run(
         [sys.executable, "-m", "changewatch.pipeline.cli", *args],
         cwd=cwd,
         env=environ | env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        limit=timeout,
     )
 
 

@@ -24,6 +24,7 @@ from changewatch.pipeline.sensors import DEMO_SENSOR, SYNC_SENSOR, sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.warehouse import DEFAULT_URL
+from patience import run
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHES = REPO / "watches.yaml"
@@ -311,13 +312,10 @@ def run_validate(
     env["CHANGEWATCH_CONFIG"] = str(config)
     if dagster_home is not None:
         env["DAGSTER_HOME"] = str(dagster_home)
-    return subprocess.run(
+    return run(
         [str(DAGSTER_CLI), "definitions", "validate", "-w", str(REPO / "workspace.yaml")],
         cwd=cwd,  # workspace.yaml resolves its python_file relative to itself
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import REPO
 from openai_server import FakeOpenAIServer, label_judge
+from patience import run
 
 security_model = label_judge("security")
 
@@ -106,13 +106,10 @@ def test_definitions_validate_on_the_example_config(tmp_path: Path) -> None:
         SMTP_PASSWORD="unused",
         WEBHOOK_SECRET="unused",
     )
-    done = subprocess.run(
+    done = run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
         cwd=REPO,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import sysconfig
 import zipfile
@@ -17,6 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 from cw_testing import REPO
+from patience import run
 from test_cli import run_cli
 
 SMALL_DEMO = ("--issues=12", "--create=1", "--update=2", "--delete=1")
@@ -96,7 +96,7 @@ def build_wheel(destination: Path) -> Path:
             ".changewatch",
         ),
     )
-    subprocess.run(
+    built = run(
         [
             sys.executable,
             "-m",
@@ -107,11 +107,9 @@ def build_wheel(destination: Path) -> Path:
             str(source),
             "-w",
             str(destination),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
+        ]
     )
+    assert built.returncode == 0, built.stderr
     [wheel] = destination.glob("changewatch-*.whl")
     return wheel
 
@@ -127,18 +125,16 @@ def test_demo_runs_from_an_empty_folder_after_installing_the_wheel(
 
     # The wheel's files alone, with the test venv's packages for its dependencies only.
     target = tmp_path / "site"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), wheel],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    installed = run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), wheel]
     )
+    assert installed.returncode == 0, installed.stderr
     empty = tmp_path / "empty"
     empty.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
     environ["CHANGEWATCH_LLM_BASE_URL"] = no_llm
     path = os.pathsep.join([str(target), sysconfig.get_paths()["purelib"]])
-    done = subprocess.run(
+    done = run(
         # -I -S: neither the current folder nor the editable install's .pth finder can reach
         # the source tree; this also ignores PYTHONPATH, so the paths come in through -c.
         [
@@ -158,9 +154,6 @@ def test_demo_runs_from_an_empty_folder_after_installing_the_wheel(
         ],
         cwd=empty,
         env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     # It wrote its config and instance settings, then told the whole story.

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from patience import run
 
 HEAVY = {"dagster", "polars", "duckdb", "pyarrow", "openai", "sqlglot", "pydantic", "psycopg2"}
 # Runs `changewatch info` in a fresh interpreter, then prints the heavy packages it imported.
@@ -26,14 +26,7 @@ PROBE = (
 def info(cwd: Path, **env: str) -> tuple[list[str], list[str]]:
     """The lines `changewatch info` printed, and the heavy packages it imported."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
-    done = subprocess.run(
-        [sys.executable, "-c", PROBE, "info"],
-        cwd=cwd,
-        env=environ | env,
-        capture_output=True,
-        text=True,
-        timeout=120,  # the interpreter's start only: a hang, not slowness, reaches it
-    )
+    done = run([sys.executable, "-c", PROBE, "info"], cwd=cwd, env=environ | env)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines(), ast.literal_eval(done.stderr.strip().splitlines()[-1])
 
