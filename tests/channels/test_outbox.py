@@ -5,7 +5,9 @@ from __future__ import annotations
 import email
 import email.policy
 import json
+import threading
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +441,52 @@ def test_a_rerun_reports_what_the_window_was_sent_with(
         again = send_digest_window(wh, digest, mailer(smtp), **window)
     assert (again.status, again.items) == ("already_sent", 2)
     assert len(smtp.handler.messages) == 1
+
+
+def test_a_receiver_slower_than_the_timeout_gets_the_retry_with_the_same_webhook_id(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    # At least once, as the README says: the client gives up on a slow answer and retries;
+    # the receiver, which did get the first, drops the second by its webhook-id.
+    ids: list[str] = []
+    retried = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            ids.append(self.headers["webhook-id"])
+            if len(ids) == 1:
+                retried.wait(60)  # answers only once the client has given up and retried
+            else:
+                retried.set()
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    try:
+        queue_notifications(warehouse_url, demo_api, ["hook"], count=1)
+        hook = WebhookChannelConfig(
+            name="hook",
+            type="webhook",
+            url=f"http://127.0.0.1:{server.server_address[1]}/h",
+            timeout=1.0,
+        )
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        with connect(warehouse_url) as wh:
+            assert deliver_due(wh, [hook]).retrying == 1
+            second = deliver_due(wh, [hook], now=lambda: later)
+    finally:
+        retried.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert second.sent == 1
+    assert len(ids) == 2 and len(set(ids)) == 1
+    assert statuses(warehouse_url) == [("hook", "sent", 2)]
