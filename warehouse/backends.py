@@ -427,18 +427,29 @@ class PostgresWarehouse(Warehouse):
         row = self._cur.fetchone()
         return (row[0], row[1]) if row else None
 
+    def _lock_id(self, key: str) -> str:
+        # Advisory locks are per database, and one database may hold several warehouses (one
+        # per schema, as the tests and shared deployments do): the schema is part of the key.
+        return f"{self.schema or ''}/{key}"
+
     def lock(self, key: str) -> None:
-        self._cur.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (key,))
+        self._cur.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", (self._lock_id(key),)
+        )
 
     def try_hold(self, key: str) -> bool:
         # A session lock: it outlives the transaction it is taken in (and a rollback).
         with self.transaction():
-            row = self.fetch("SELECT pg_try_advisory_lock(hashtextextended($1, 0))", (key,))
+            row = self.fetch(
+                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", (self._lock_id(key),)
+            )
         return bool(row[0][0])
 
     def release(self, key: str) -> None:
         with self.transaction():
-            self.execute("SELECT pg_advisory_unlock(hashtextextended($1, 0))", (key,))
+            self.execute(
+                "SELECT pg_advisory_unlock(hashtextextended($1, 0))", (self._lock_id(key),)
+            )
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
