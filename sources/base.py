@@ -104,6 +104,28 @@ class StormGuard(BaseModel):
     min_rows: int = Field(default=100, ge=1)
 
 
+class ProbeSettings(BaseModel):
+    """The cheap change probe the sync sensor sends at each interval (see sources/probe.py).
+
+    A probe is one conditional GET of the first page (a request per repository on GitHub);
+    only a change starts a sync run. ``reconcile`` starts one anyway when that long has passed
+    since the last sync requested, so nothing depends on a probe being right. ``timeout``
+    bounds each probe request (and never exceeds the source's ``response_timeout``).
+    ``probe: false`` syncs at every interval without probing, as before.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    reconcile: Duration = Field(default=3600.0, gt=0)
+    timeout: Duration = Field(default=10.0, gt=0)
+
+
+def _probe_shorthand(value: Any) -> Any:
+    # `probe: false` is shorthand for `probe: {enabled: false}`.
+    return {"enabled": value} if isinstance(value, bool) else value
+
+
 class SourceBase(BaseModel):
     """Settings every source declares, whatever its type."""
 
@@ -135,6 +157,10 @@ class SourceBase(BaseModel):
     # A cron for a reconciliation sweep: a full walk that turns vanished objects into deletes
     # (for incremental sources, whose `since` walks cannot see deletions).
     reconcile: str | None = None
+    # Between syncs, a cheap request says whether anything changed (ProbeSettings).
+    probe: Annotated[ProbeSettings, BeforeValidator(_probe_shorthand)] = Field(
+        default_factory=ProbeSettings
+    )
     # Bounds of what one sync accepts from the API (see sources/limits.py): decoded bytes of
     # one response, seconds one response may take to arrive whole, seconds the whole walk may
     # take. Passing one fails the sync, naming the source, the request and the setting.

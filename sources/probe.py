@@ -1,0 +1,246 @@
+"""Cheap change probes: did a source change upstream since the last probe, for one request?
+
+Where it sits: beside the sources, before any sync. The sync sensor (pipeline/probing.py)
+probes each source at its interval and starts a sync run only when the answer is "changed"
+(or unknown), so a poll that finds nothing costs one HTTP request, not a run.
+
+Each source type says which first-page requests tell its changes (``sources/<type>/probe.py``);
+this module sends them with the source's own HTTP policy (``sources.http``: limits, redirect
+rule, rate budgets, at most 4 requests in flight per host), conditionally with the validators
+the last probe saw, and compares a hash of the body where the server gives no validators.
+The probe's state is its own (a small JSON-able dict kept in the sensor's cursor), separate
+from the validators a sync stores with its rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from changewatch.sources.base import SourceBase, Validator
+from changewatch.sources.errors import SourceError
+from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
+
+__all__ = [
+    "MAX_PROBES_IN_FLIGHT",
+    "ProbeClients",
+    "ProbeRequest",
+    "ProbeResult",
+    "has_probe",
+    "probe",
+    "probe_all",
+    "probe_policy",
+    "probe_requests",
+]
+
+# Probes run at once across all sources (each host still gets at most the HTTP policy's
+# max_in_flight); the rest wait their turn in the pool.
+MAX_PROBES_IN_FLIGHT = 16
+
+# State of one request: {"e": etag, "m": last-modified, "h": body hash}, short keys because
+# it lives in the sensor cursor for every source.
+RequestState = dict[str, str]
+ProbeState = dict[str, RequestState]
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One GET that tells a source's changes: its first page (or a repository's newest issue).
+
+    ``key`` names it in the probe state ("" for a source's only request). ``secrets`` are
+    the headers and parameters carrying credentials (dropped on a cross-origin redirect).
+    """
+
+    key: str
+    url: str
+    params: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one probe found: ``changed`` True/False, or None when it could not tell.
+
+    None comes with ``error`` (the request failed: the sensor falls back to the interval
+    sync) or without it (the source has no probe). ``state`` is what the next probe sends
+    back; on an error it is the state the probe was given, so nothing learnt is lost.
+    """
+
+    changed: bool | None
+    state: ProbeState
+    error: str | None = None
+
+
+def probe_requests(config: SourceBase) -> list[ProbeRequest] | None:
+    """The requests that tell ``config``'s changes, or None when its type has no probe.
+
+    Raises ``SourceError`` when they cannot be built (a credential's variable is unset).
+    """
+    # Imported here: each type's probe imports this module for ProbeRequest.
+    from changewatch.sources.feed.config import FeedSourceConfig
+    from changewatch.sources.feed.probe import feed_probe_requests
+    from changewatch.sources.github.config import GitHubSourceConfig
+    from changewatch.sources.github.probe import github_probe_requests
+    from changewatch.sources.rest.config import RestSourceConfig
+    from changewatch.sources.rest.probe import rest_probe_requests
+
+    if isinstance(config, RestSourceConfig):
+        return rest_probe_requests(config)
+    if isinstance(config, FeedSourceConfig):
+        return feed_probe_requests(config)
+    if isinstance(config, GitHubSourceConfig):
+        return github_probe_requests(config)
+    return None
+
+
+def has_probe(config: SourceBase) -> bool:
+    """Whether ``config``'s source type can be probed (without building any request)."""
+    from changewatch.sources.feed.config import FeedSourceConfig
+    from changewatch.sources.github.config import GitHubSourceConfig
+    from changewatch.sources.rest.config import RestSourceConfig
+
+    if isinstance(config, RestSourceConfig):
+        return config.parent is None
+    return isinstance(config, FeedSourceConfig | GitHubSourceConfig)
+
+
+def probe_policy(config: SourceBase, base: HttpPolicy | None = None) -> HttpPolicy:
+    """The source's HTTP policy, bounded for a probe: each request answered whole within
+    ``probe.timeout`` (at most ``response_timeout``), no retries and no waiting for a rate
+    budget, since a failed probe only means a sync at the interval, as without probes."""
+    policy = (base or HttpPolicy()).bounded_by(config)
+    limit = min(config.probe.timeout, policy.response_timeout)
+    return replace(policy, timeout=limit, response_timeout=limit, max_retries=0, max_wait=0.0)
+
+
+class ProbeClients:
+    """HTTP clients kept across probes, one per HTTP policy (so per probe timeout and bounds).
+
+    A long-lived sensor probes the same hosts every tick: reusing the connection pool saves
+    the TCP (and TLS) setup that would cost more than the probe itself. ``transport`` is for
+    tests; thread-safe.
+    """
+
+    def __init__(self, *, transport: Any = None) -> None:
+        self._clients: dict[HttpPolicy, HttpClient] = {}
+        self._lock = threading.Lock()
+        self._transport = transport
+
+    def client(self, policy: HttpPolicy) -> HttpClient:
+        with self._lock:
+            client = self._clients.get(policy)
+            if client is None:
+                client = HttpClient(policy=policy, name="probe", transport=self._transport)
+                self._clients[policy] = client
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+    def __enter__(self) -> ProbeClients:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def fingerprint(body: bytes) -> str:
+    """A short hash of a body: enough to tell two versions of one page apart.
+
+    >>> fingerprint(b"[]")
+    '4f53cda18c2baa0c'
+    """
+    return hashlib.sha256(body).hexdigest()[:16]
+
+
+def probe(config: SourceBase, state: ProbeState | None, clients: ProbeClients) -> ProbeResult:
+    """Probe ``config``'s source once, given the ``state`` the last probe returned (None: never
+    probed, which counts as changed). Never raises for a failed request: the error is in the
+    result, naming the source."""
+    known = state or {}
+    try:
+        requests = probe_requests(config)
+        if requests is None:
+            return ProbeResult(changed=None, state=known)
+        client = clients.client(probe_policy(config))
+        changed, found = False, {}
+        for request in requests:
+            was = known.get(request.key)
+            now = _ask(client, request, was)
+            found[request.key] = now
+            changed = changed or not unchanged(was, now)
+    except SourceError as exc:
+        return ProbeResult(changed=None, state=known, error=f"source {config.name!r}: {exc}")
+    return ProbeResult(changed=changed, state=found)
+
+
+def _ask(client: HttpClient, request: ProbeRequest, was: RequestState | None) -> RequestState:
+    """The state of one request now: validators, and the body's hash (kept from ``was`` on a
+    304, which has no body)."""
+    sent = Validator(etag=was.get("e"), last_modified=was.get("m")) if was else None
+    response = client.get(
+        request.url,
+        params=request.params or None,
+        headers=request.headers,
+        validator=sent if sent is not None and sent.sendable else None,
+        secrets=request.secrets,
+    )
+    if response.status_code == 304 and was is not None:
+        return was
+    now: RequestState = {"h": fingerprint(response.content)}
+    validator = validator_of(response)
+    if validator is not None and validator.etag:
+        now["e"] = validator.etag
+    if validator is not None and validator.last_modified:
+        now["m"] = validator.last_modified
+    return now
+
+
+def unchanged(was: RequestState | None, now: RequestState) -> bool:
+    """Whether two states of one request describe the same content: the body hash decides,
+    so a server that sends a new ETag with the same body (per replica, per response) is no
+    change.
+
+    >>> unchanged({"h": "a", "e": "1"}, {"h": "a", "e": "2"}), unchanged(None, {"h": "a"})
+    (True, False)
+    """
+    return was is not None and was.get("h") == now.get("h")
+
+
+def probe_all(
+    configs: Iterable[SourceBase],
+    states: Mapping[str, ProbeState],
+    clients: ProbeClients,
+    *,
+    max_in_flight: int = MAX_PROBES_IN_FLIGHT,
+    probe_one: Callable[[SourceBase, ProbeState | None, ProbeClients], ProbeResult] = probe,
+) -> dict[str, ProbeResult]:
+    """Probe every source in ``configs`` at once (by name), each from its state in ``states``.
+
+    A probe that fails reports its error in its own result; the others go on.
+    """
+    configs = list(configs)
+    if not configs:
+        return {}
+    workers = min(max_in_flight, len(configs))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe") as pool:
+        futures = {c.name: pool.submit(probe_one, c, states.get(c.name), clients) for c in configs}
+        results: dict[str, ProbeResult] = {}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as exc:  # a bug in one probe must not stop the others
+                results[name] = ProbeResult(
+                    changed=None,
+                    state=dict(states.get(name) or {}),
+                    error=f"source {name!r}: probe failed: {type(exc).__name__}: {exc}",
+                )
+        return results
