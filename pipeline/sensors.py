@@ -1,24 +1,28 @@
 """Time-based triggers: a sensor for interval sources and a schedule for each cron source.
 
 Neither opens the warehouse (a DuckDB file being written cannot even be read by another
-process); they decide from the clock alone and let run keys make each slot run once.
+process): the schedules decide from the clock alone, the sensor from the clock and cheap
+change probes whose state it keeps in its cursor; run keys make each decision run once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
+from changewatch.pipeline.probing import decide, due_probes, probe_states
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.pipeline.triggers import DEMO_API_URL, is_demo_source
 from changewatch.sources import SourceConfig
+from changewatch.sources.probe import ProbeClients, probe_all
 
 __all__ = [
     "DEBOUNCE_SCHEDULE",
     "DEMO_SENSOR",
     "SYNC_SENSOR",
+    "TRIGGER_TAG",
     "cron_schedule",
     "debounce_cron",
     "debounce_schedule",
@@ -30,6 +34,8 @@ __all__ = [
 ]
 
 SYNC_SENSOR = "sync_due_sources"
+# Why the sensor requested a run: probe (a change), reconcile, or interval.
+TRIGGER_TAG = "changewatch/trigger"
 DEBOUNCE_SCHEDULE = "deliver_debounced"
 DEMO_SENSOR = "sync_demo_api"
 
@@ -45,14 +51,23 @@ def sync_sensor(
     clock: Callable[[], float] = time.time,
     name: str = SYNC_SENSOR,
     running: bool = True,
-    description: str = "Requests a sync of each interval source once per interval (plus jitter).",
+    description: str = (
+        "Probes each interval source once per interval (plus jitter) and requests a sync when "
+        "it changed, its probe failed, or its probe.reconcile time has passed."
+    ),
+    clients: ProbeClients | None = None,
 ) -> dg.SensorDefinition:
-    """One sensor over interval sources: requests a sync when a source's slot begins.
+    """One sensor over interval sources: when a source's slot begins, a cheap probe asks
+    whether it changed (sources/probe.py), and a sync is requested only if so (the rules and
+    run keys are in pipeline/probing.py). A source with ``probe: false`` is synced at every
+    slot, with run key ``<source>:<slot>``.
 
-    The run key is ``<source>:<slot>``; Dagster drops a request whose key already ran, so
-    ticks, restarts and daemon hiccups never double a sync. A missed slot is not replayed:
-    the next slot's sync fetches from the stored cursor anyway.
+    Dagster drops a request whose key already ran, so ticks, restarts and daemon hiccups never
+    double a sync. A missed slot is not replayed: the next slot's sync fetches from the stored
+    cursor anyway. Probe state lives in the sensor's cursor (never the warehouse, which a
+    running sync may hold); ``clients`` keeps connections across ticks, made at the first.
     """
+    pool: list[ProbeClients] = [clients] if clients is not None else []
 
     @dg.sensor(
         name=name,
@@ -63,15 +78,32 @@ def sync_sensor(
         ),
         description=description,
     )
-    def _sensor(context: dg.SensorEvaluationContext) -> Iterator[dg.RunRequest]:
+    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         now = clock()
-        for source in sources:
+        if not pool:
+            pool.append(ProbeClients())  # in the code server, kept for its lifetime
+        due = due_probes(sources, context.cursor, now)
+        results = probe_all(due, probe_states(context.cursor), pool[0])
+        decision = decide(sources, context.cursor, results, now)
+        for error in decision.errors.values():
+            context.log.warning("probe failed, syncing at the interval: %s", error)
+        by_name = {source.name: source for source in sources}
+        requests = []
+        for request in decision.requests:
+            source = by_name[request.source]
             slot = due_slot(now, source.interval, jitter_offset(source.name, source.jitter))
-            yield dg.RunRequest(
-                run_key=f"{source.name}:{slot}",
-                job_name=sync_job_name(source),
-                tags={SOURCE_TAG: source.name, "changewatch/slot": str(slot)},
+            requests.append(
+                dg.RunRequest(
+                    run_key=request.run_key,
+                    job_name=sync_job_name(source),
+                    tags={
+                        SOURCE_TAG: source.name,
+                        "changewatch/slot": str(slot),
+                        TRIGGER_TAG: request.reason,
+                    },
+                )
             )
+        return dg.SensorResult(run_requests=requests, cursor=decision.cursor)
 
     return _sensor
 

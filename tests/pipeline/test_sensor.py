@@ -29,6 +29,7 @@ from changewatch.pipeline.runner import source_job_assets
 from changewatch.pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
 from changewatch.pipeline.timing import jitter_offset
 from changewatch.pipeline.wiring import build_definitions
+from changewatch.sources.base import ProbeSettings
 from changewatch.warehouse import connect
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 from dagster._core.test_utils import create_test_daemon_workspace_context, freeze_time
@@ -96,10 +97,13 @@ def instance():
 def clocked(
     config_path: Path, clock: Clock, instance: dg.DagsterInstance
 ) -> Callable[[], list[dg.RunRequest]]:
-    """Evaluate the sensor of ``config_path``'s interval sources at ``clock``'s time."""
+    """Evaluate the sensor of ``config_path``'s interval sources at ``clock``'s time, without
+    probes (tests/pipeline/test_probe_sensor.py has those): a sync at every slot."""
     config = load_config(config_path)
     defs = build_definitions(config, environ={})
-    sensor = sync_sensor(config.sources, list(defs.jobs or []), clock=clock)  # type: ignore[arg-type]
+    off = ProbeSettings(enabled=False)
+    unprobed = [s.model_copy(update={"probe": off}) for s in config.sources]
+    sensor = sync_sensor(unprobed, list(defs.jobs or []), clock=clock)  # type: ignore[arg-type]
     full = dg.Definitions(
         assets=defs.assets, jobs=defs.jobs, sensors=[sensor], resources=defs.resources
     )
@@ -257,7 +261,10 @@ def daemon_workspace() -> Iterator[tuple[dg.DagsterInstance, object]]:
 def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time(
     demo_env, tmp_path, monkeypatch, llm_url
 ):
-    config_file = write_config(tmp_path / "watches.yaml", interval=f"{INTERVAL:g}s", jitter=0)
+    # Without probes: a run per slot, whether the demo API changed or not.
+    config_file = write_config(
+        tmp_path / "watches.yaml", interval=f"{INTERVAL:g}s", jitter=0, probe=False
+    )
     warehouse = f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
     monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config_file))
     monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse)

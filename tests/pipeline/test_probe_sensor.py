@@ -1,0 +1,252 @@
+"""The probing sync sensor, evaluated against a real Dagster instance and real demo APIs.
+
+Two sources, each on its own demo API (so a change in one is not a change in the other); the
+sensor's clock is controlled, its probes go over loopback HTTP, and its cursor goes from one
+evaluation to the next as Dagster would keep it. The last test runs the requested syncs for
+real, on both warehouse backends.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.config import load_config
+from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.sensors import TRIGGER_TAG, sync_sensor
+from changewatch.pipeline.timing import due_slot
+from changewatch.pipeline.wiring import build_definitions
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from changewatch.sources.probe import ProbeClients
+from changewatch.warehouse import connect
+
+INTERVAL = 300.0
+RECONCILE = 3600.0
+START = 1_800_000_000.0 - 1_800_000_000.0 % INTERVAL  # a slot boundary (no jitter)
+
+
+def source(name: str, base_url: str, **settings: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "rest",
+        "base_url": base_url,
+        "path": "/repos/acme/widgets/issues",
+        "params": {"state": "all", "per_page": 100, "sort": "created", "direction": "asc"},
+        "paginator": {"type": "link_header"},
+        "baseline": "evaluate",
+        "table": name,
+        "primary_key": "number",
+        "updated_at": "updated_at",
+        "interval": "5m",
+        "probe": {"reconcile": "1h", "timeout": "5s"},
+        "columns": {"number": "bigint", "comments": "integer", "updated_at": "timestamp"},
+        **settings,
+    }
+
+
+def write(path: Path, sources: list[dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump({"version": 1, "sources": sources}), encoding="utf-8")
+    return path
+
+
+class Sensor:
+    """The sync sensor of a watches file at a controlled clock, its cursor carried along."""
+
+    def __init__(self, config_path: Path, instance: dg.DagsterInstance, clients: ProbeClients):
+        self.now = START
+        self.cursor: str | None = None
+        config = load_config(config_path)
+        self.defs = build_definitions(config, environ={})
+        jobs = list(self.defs.jobs or [])
+        self.sensor = sync_sensor(config.sources, jobs, clock=lambda: self.now, clients=clients)  # type: ignore[arg-type]
+        self.full = dg.Definitions(
+            assets=self.defs.assets, jobs=jobs, sensors=[self.sensor], resources=self.defs.resources
+        )
+        self.instance = instance
+
+    def tick(self, at: float | None = None) -> list[dg.RunRequest]:
+        if at is not None:
+            self.now = at
+        context = dg.build_sensor_context(
+            instance=self.instance, cursor=self.cursor, definitions=self.full
+        )
+        result = self.sensor.evaluate_tick(context)
+        self.cursor = result.cursor
+        return list(result.run_requests or [])
+
+
+def keys(requests: list[dg.RunRequest]) -> dict[str, str]:
+    """Source name -> run key."""
+    return {r.tags[SOURCE_TAG]: r.run_key for r in requests}  # type: ignore[misc]
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def clients() -> Iterator[ProbeClients]:
+    with ProbeClients() as pool:
+        yield pool
+
+
+@pytest.fixture
+def apis() -> Iterator[tuple[DemoAPIServer, DemoAPIServer]]:
+    with (
+        DemoAPIServer(DemoTracker(issues=40, seed=1)) as one,
+        DemoAPIServer(DemoTracker(issues=40, seed=2)) as two,
+    ):
+        yield one, two
+
+
+@pytest.fixture
+def dead_url() -> Iterator[str]:
+    """An address that refuses connections: a bound port nobody listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def requests_seen(*servers: DemoAPIServer) -> int:
+    return sum(s.stats()["requests"] for s in servers)
+
+
+def test_first_tick_syncs_then_nothing_until_a_change(tmp_path, instance, clients, apis):
+    one, two = apis
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url), source("beta", two.url)])
+    sensor = Sensor(config, instance, clients)
+
+    # No probe state yet: every source counts as changed.
+    first = sensor.tick()
+    assert sorted(keys(first)) == ["alpha", "beta"]
+    for request in first:
+        name = request.tags[SOURCE_TAG]
+        assert request.job_name == f"sync_{name}"
+        assert request.tags[TRIGGER_TAG] == "probe"
+        assert request.run_key.startswith(f"{name}:probe:none>")
+    cursor = json.loads(sensor.cursor)  # type: ignore[arg-type]
+    assert set(cursor["s"]) == {"alpha", "beta"}
+    assert len(sensor.cursor) < 1000  # hashes, not bodies
+
+    # Later in the same slot: not probed again, nothing requested.
+    before = requests_seen(one, two)
+    assert sensor.tick(START + INTERVAL / 2) == []
+    assert requests_seen(one, two) == before
+    # The next slot: probed (one request each), nothing changed, nothing requested.
+    assert sensor.tick(START + INTERVAL) == []
+    assert requests_seen(one, two) == before + 2
+
+    # A change in alpha's tracker: the next slot syncs alpha only.
+    one.tracker.mutate(update=1)
+    changed = sensor.tick(START + 2 * INTERVAL)
+    assert list(keys(changed)) == ["alpha"]
+    [request] = changed
+    assert request.tags[TRIGGER_TAG] == "probe"
+    assert request.run_key != keys(first)["alpha"]
+    # The change is in the cursor now: the slot after it finds nothing new.
+    assert sensor.tick(START + 3 * INTERVAL) == []
+
+
+def test_same_tick_from_the_same_cursor_asks_the_same_key(tmp_path, instance, clients, apis):
+    # The run key comes from the data: a tick evaluated again from the same cursor (a restart
+    # before Dagster kept the cursor) asks the same key, which Dagster runs once.
+    one, _ = apis
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url)])
+    sensor = Sensor(config, instance, clients)
+    sensor.tick()
+    one.tracker.mutate(create=1)
+    kept = sensor.cursor
+    again = Sensor(config, instance, clients)  # a restarted code server: a new sensor object
+    again.cursor = kept
+    first = keys(again.tick(START + INTERVAL))
+    again.cursor = kept
+    assert keys(again.tick(START + INTERVAL)) == first == {"alpha": first["alpha"]}
+
+
+def test_reconciliation_syncs_when_nothing_changed(tmp_path, instance, clients, apis):
+    one, _ = apis
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url)])
+    sensor = Sensor(config, instance, clients)
+    assert len(sensor.tick()) == 1  # the first probe's sync, at START
+    for slot in range(1, int(RECONCILE // INTERVAL)):
+        assert sensor.tick(START + slot * INTERVAL) == [], slot
+    [request] = sensor.tick(START + RECONCILE)
+    assert request.tags[TRIGGER_TAG] == "reconcile"
+    assert request.run_key == f"alpha:reconcile:{int((START + RECONCILE) // RECONCILE)}"
+    # The clock restarts from that sync: the next reconciliation is an hour later.
+    assert sensor.tick(START + RECONCILE + INTERVAL) == []
+    [later] = sensor.tick(START + 2 * RECONCILE)
+    assert later.tags[TRIGGER_TAG] == "reconcile" and later.run_key != request.run_key
+
+
+def test_a_failing_probe_falls_back_to_interval_syncs_and_others_go_on(
+    tmp_path, instance, clients, apis, dead_url
+):
+    one, _ = apis
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url), source("down", dead_url)])
+    sensor = Sensor(config, instance, clients)
+    first = keys(sensor.tick())
+    slot = due_slot(START, INTERVAL)
+    assert first["down"] == f"down:{slot}"  # the interval sync, as without probes
+    assert first["alpha"].startswith("alpha:probe:")
+    assert sensor.tick(START + 10) == []  # same slot: requested once
+    one.tracker.mutate(update=2)
+    second = keys(sensor.tick(START + INTERVAL))
+    assert second["down"] == f"down:{slot + 1}"
+    assert second["alpha"].startswith("alpha:probe:")
+    assert "p" not in json.loads(sensor.cursor)["s"]["down"]  # type: ignore[arg-type]
+
+
+def test_probe_false_syncs_at_every_slot_without_a_request(tmp_path, instance, clients, apis):
+    one, _ = apis
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url, probe=False)])
+    sensor = Sensor(config, instance, clients)
+    slot = due_slot(START, INTERVAL)
+    assert keys(sensor.tick()) == {"alpha": f"alpha:{slot}"}
+    assert keys(sensor.tick(START + INTERVAL)) == {"alpha": f"alpha:{slot + 1}"}
+    assert one.stats()["requests"] == 0
+
+
+def run(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> None:
+    job = defs.resolve_job_def(request.job_name)  # type: ignore[arg-type]
+    result = job.execute_in_process(instance=instance, tags=request.tags)
+    assert result.success
+
+
+def test_probed_syncs_store_the_change_on_both_backends(
+    tmp_path, instance, clients, apis, warehouse_url, monkeypatch
+):
+    one, _ = apis
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    config = write(tmp_path / "w.yaml", [source("alpha", one.url)])
+    sensor = Sensor(config, instance, clients)
+    defs = build_definitions(load_config(config), environ={WAREHOUSE_URL_ENV: warehouse_url})
+
+    [first] = sensor.tick()
+    run(defs, first, instance)
+    assert sensor.tick(START + INTERVAL) == []
+    before = comments(warehouse_url)
+    [changed] = one.tracker.mutate(update=1)["updated"]
+    [request] = sensor.tick(START + 2 * INTERVAL)
+    assert request.tags[TRIGGER_TAG] == "probe"
+    run(defs, request, instance)
+    after = comments(warehouse_url)
+    assert len(after) == 40
+    assert after[changed] == one.tracker.get(changed)["comments"] == before[changed] + 1
+    assert {n: c for n, c in after.items() if n != changed} == {
+        n: c for n, c in before.items() if n != changed
+    }
+
+
+def comments(url: str) -> dict[int, int]:
+    with connect(url) as warehouse:
+        return dict(warehouse.fetch("SELECT number, comments FROM alpha"))
