@@ -43,3 +43,16 @@ def test_bench_notify_runs_on_both_backends() -> None:
     assert any(line.startswith("duckdb ") and line.split()[1] != "round" for line in lines)
     assert any(line.startswith("postgres ") and line.split()[1] != "round" for line in lines)
     assert "notifications/s" in done.stdout
+
+
+def test_bench_probe_runs_on_a_few_sources() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_probe.py", *("--sources", "5", "--rounds", "1", "--no-sync")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "probe, 5 sources: " in done.stdout
+    assert "per unchanged poll" in done.stdout
