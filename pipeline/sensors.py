@@ -16,7 +16,7 @@ from changewatch.pipeline.probing import decide, due_probes, probe_states
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.pipeline.triggers import DEMO_API_URL, is_demo_source
 from changewatch.sources import SourceConfig
-from changewatch.sources.probe import ProbeClients, probe_all
+from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
 
 __all__ = [
     "DEBOUNCE_SCHEDULE",
@@ -83,7 +83,7 @@ def sync_sensor(
         if not pool:
             pool.append(ProbeClients())  # in the code server, kept for its lifetime
         due = due_probes(sources, context.cursor, now)
-        results = probe_all(due, probe_states(context.cursor), pool[0])
+        results = probe_all(due, probe_states(context.cursor), pool[0], budget=probe_budget())
         decision = decide(sources, context.cursor, results, now)
         for error in decision.errors.values():
             context.log.warning("probe failed, syncing at the interval: %s", error)

@@ -15,9 +15,10 @@ from the validators a sync stores with its rows.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,13 +27,16 @@ from changewatch.sources.errors import SourceError
 from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
 
 __all__ = [
+    "DEFAULT_PROBE_BUDGET",
     "MAX_PROBES_IN_FLIGHT",
+    "PROBE_BUDGET_ENV",
     "ProbeClients",
     "ProbeRequest",
     "ProbeResult",
     "has_probe",
     "probe",
     "probe_all",
+    "probe_budget",
     "probe_policy",
     "probe_requests",
 ]
@@ -40,6 +44,12 @@ __all__ = [
 # Probes run at once across all sources (each host still gets at most the HTTP policy's
 # max_in_flight); the rest wait their turn in the pool.
 MAX_PROBES_IN_FLIGHT = 16
+
+# Seconds all probes of one sensor tick may take together: Dagster gives a sensor evaluation
+# 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS); a probe not answered by then is reported as an
+# error, so its source is synced at its interval as without probes. Env: PROBE_BUDGET_ENV.
+DEFAULT_PROBE_BUDGET = 40.0
+PROBE_BUDGET_ENV = "CHANGEWATCH_PROBE_BUDGET"
 
 # State of one request: {"e": etag, "m": last-modified, "h": body hash}, short keys because
 # it lives in the sensor cursor for every source.
@@ -96,6 +106,24 @@ def probe_requests(config: SourceBase) -> list[ProbeRequest] | None:
     if isinstance(config, GitHubSourceConfig):
         return github_probe_requests(config)
     return None
+
+
+def probe_budget(environ: Mapping[str, str] | None = None) -> float:
+    """Seconds one tick's probes may take: ``$CHANGEWATCH_PROBE_BUDGET`` or the default.
+
+    >>> probe_budget({}), probe_budget({"CHANGEWATCH_PROBE_BUDGET": "20"})
+    (40.0, 20.0)
+    """
+    text = (os.environ if environ is None else environ).get(PROBE_BUDGET_ENV, "").strip()
+    if not text:
+        return DEFAULT_PROBE_BUDGET
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 3600:
+        raise ValueError(f"{PROBE_BUDGET_ENV}={text!r}: give seconds above 0 and below 3600")
+    return value
 
 
 def has_probe(config: SourceBase) -> bool:
@@ -221,26 +249,46 @@ def probe_all(
     clients: ProbeClients,
     *,
     max_in_flight: int = MAX_PROBES_IN_FLIGHT,
+    budget: float = DEFAULT_PROBE_BUDGET,
     probe_one: Callable[[SourceBase, ProbeState | None, ProbeClients], ProbeResult] = probe,
 ) -> dict[str, ProbeResult]:
     """Probe every source in ``configs`` at once (by name), each from its state in ``states``.
 
-    A probe that fails reports its error in its own result; the others go on.
+    A probe that fails reports its error in its own result; the others go on. Probes still
+    unanswered after ``budget`` seconds (a host that hangs, behind its 4 requests in flight)
+    are reported as errors naming the budget, so the call returns in time for the sensor's
+    tick; those still running end within their own timeout, unread.
     """
     configs = list(configs)
     if not configs:
         return {}
-    workers = min(max_in_flight, len(configs))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="probe") as pool:
+    pool = ThreadPoolExecutor(
+        max_workers=min(max_in_flight, len(configs)), thread_name_prefix="probe"
+    )
+    try:
         futures = {c.name: pool.submit(probe_one, c, states.get(c.name), clients) for c in configs}
-        results: dict[str, ProbeResult] = {}
-        for name, future in futures.items():
-            try:
-                results[name] = future.result()
-            except Exception as exc:  # a bug in one probe must not stop the others
-                results[name] = ProbeResult(
-                    changed=None,
-                    state=dict(states.get(name) or {}),
-                    error=f"source {name!r}: probe failed: {type(exc).__name__}: {exc}",
-                )
-        return results
+        wait(futures.values(), timeout=budget)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    results: dict[str, ProbeResult] = {}
+    for name, future in futures.items():
+        kept = dict(states.get(name) or {})
+        if not future.done() or future.cancelled():
+            results[name] = ProbeResult(
+                changed=None,
+                state=kept,
+                error=(
+                    f"source {name!r}: not probed within the tick's probe budget of {budget:g} s "
+                    f"(set {PROBE_BUDGET_ENV} to change it)"
+                ),
+            )
+            continue
+        try:
+            results[name] = future.result()
+        except Exception as exc:  # a bug in one probe must not stop the others
+            results[name] = ProbeResult(
+                changed=None,
+                state=kept,
+                error=f"source {name!r}: probe failed: {type(exc).__name__}: {exc}",
+            )
+    return results

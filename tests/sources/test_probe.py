@@ -12,7 +12,14 @@ from apiserver import ApiServer, Reply
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.feed import FeedSourceConfig
 from changewatch.sources.github import GitHubSourceConfig
-from changewatch.sources.probe import ProbeClients, probe, probe_all, probe_policy
+from changewatch.sources.probe import (
+    DEFAULT_PROBE_BUDGET,
+    ProbeClients,
+    probe,
+    probe_all,
+    probe_budget,
+    probe_policy,
+)
 from changewatch.sources.rest import RestSourceConfig
 from github_server import FakeGitHub
 
@@ -202,3 +209,31 @@ def test_a_source_with_a_parent_listing_has_no_probe(api, clients):
     result = probe(config, None, clients)
     assert (result.changed, result.error) == (None, None)
     assert api.received == []
+
+
+def test_probes_past_the_tick_budget_are_errors_naming_it(api, clients):
+    api.route("/ok", lambda _r: Reply.json([1]))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        hung = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        slow = [rest(hung, "/x", name=f"hung_{n}", probe={"timeout": 30}) for n in range(3)]
+        ok = rest(api.base_url, "/ok")
+        started = time.monotonic()
+        # One at a time: the quick source first, then the hung ones queue behind each other.
+        results = probe_all([ok, *slow], {}, clients, max_in_flight=1, budget=1.0)
+        took = time.monotonic() - started
+    assert results["items"].changed is True
+    for n in range(3):
+        error = results[f"hung_{n}"].error
+        assert results[f"hung_{n}"].changed is None and error is not None
+        assert "probe budget of 1 s" in error and "CHANGEWATCH_PROBE_BUDGET" in error
+    # Back at the budget, not after three 30 s timeouts one after another (the margin only
+    # absorbs a loaded machine's scheduling).
+    assert took < 20.0, took
+
+
+def test_probe_budget_comes_from_the_environment():
+    assert probe_budget({}) == DEFAULT_PROBE_BUDGET == 40.0
+    with pytest.raises(ValueError, match="CHANGEWATCH_PROBE_BUDGET='soon'"):
+        probe_budget({"CHANGEWATCH_PROBE_BUDGET": "soon"})
