@@ -237,3 +237,17 @@ def test_probe_budget_comes_from_the_environment():
     assert probe_budget({}) == DEFAULT_PROBE_BUDGET == 40.0
     with pytest.raises(ValueError, match="CHANGEWATCH_PROBE_BUDGET='soon'"):
         probe_budget({"CHANGEWATCH_PROBE_BUDGET": "soon"})
+
+
+def test_credentials_go_with_the_probe_and_nowhere_else(api, clients, monkeypatch):
+    secret = "probe-key-9f8e7d6c"
+    monkeypatch.setenv("PROBE_TEST_KEY", secret)
+    api.queue("/items", Reply.json([1], ETag='"a"'), Reply.json({"m": 1}, status=500))
+    config = rest(
+        api.base_url, "/items", auth={"type": "query", "name": "key", "value_env": "PROBE_TEST_KEY"}
+    )
+    first = probe(config, None, clients)
+    failed = probe(config, first.state, clients)
+    assert [r.query.get("key") for r in api.received] == [secret, secret]
+    assert failed.error is not None and "500" in failed.error
+    assert secret not in repr(first) + repr(failed)  # not in errors, nor in the kept state
