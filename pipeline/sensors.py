@@ -7,8 +7,10 @@ change probes whose state it keeps in its cursor; run keys make each decision ru
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
@@ -19,6 +21,7 @@ from changewatch.sources import SourceConfig
 from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
 
 __all__ = [
+    "BATCH_TAG",
     "DEBOUNCE_SCHEDULE",
     "DEMO_SENSOR",
     "SYNC_SENSOR",
@@ -36,6 +39,8 @@ __all__ = [
 SYNC_SENSOR = "sync_due_sources"
 # Why the sensor requested a run: probe (a change), reconcile, or interval.
 TRIGGER_TAG = "changewatch/trigger"
+# How many sources a batched run syncs.
+BATCH_TAG = "changewatch/batch_size"
 DEBOUNCE_SCHEDULE = "deliver_debounced"
 DEMO_SENSOR = "sync_demo_api"
 
@@ -56,6 +61,8 @@ def sync_sensor(
         "it changed, its probe failed, or its probe.reconcile time has passed."
     ),
     clients: ProbeClients | None = None,
+    batch_job: dg.UnresolvedAssetJobDefinition | None = None,
+    selections: Mapping[str, list[dg.AssetKey]] | None = None,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
     whether it changed (sources/probe.py), and a sync is requested only if so (the rules and
@@ -66,12 +73,16 @@ def sync_sensor(
     double a sync. A missed slot is not replayed: the next slot's sync fetches from the stored
     cursor anyway. Probe state lives in the sensor's cursor (never the warehouse, which a
     running sync may hold); ``clients`` keeps connections across ticks, made at the first.
+
+    With ``batch_job`` (and each source's run assets in ``selections``), several syncs due at
+    one tick become one run of it, selecting their assets, so a run's start-up (some 5
+    core-seconds) is paid once per tick; its run key is a hash of theirs.
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
 
     @dg.sensor(
         name=name,
-        jobs=jobs,
+        jobs=[*jobs, batch_job] if batch_job is not None else jobs,
         minimum_interval_seconds=30,
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
@@ -103,19 +114,39 @@ def sync_sensor(
                     },
                 )
             )
+        if batch_job is not None and selections is not None and len(requests) > 1:
+            requests = [_batched(batch_job.name, requests, selections)]
         return dg.SensorResult(run_requests=requests, cursor=decision.cursor)
 
     return _sensor
 
 
+def _batched(
+    job_name: str, requests: list[dg.RunRequest], selections: Mapping[str, list[dg.AssetKey]]
+) -> dg.RunRequest:
+    """One run of ``job_name`` doing the syncs of ``requests`` (their sources' assets)."""
+    names = sorted(r.tags[SOURCE_TAG] for r in requests)
+    keys = "\n".join(sorted(r.run_key or "" for r in requests))
+    return dg.RunRequest(
+        # From the syncs' own keys: the same tick evaluated again asks the same run.
+        run_key=f"batch:{hashlib.sha256(keys.encode()).hexdigest()[:16]}",
+        job_name=job_name,
+        asset_selection=list(dict.fromkeys(k for n in names for k in selections[n])),
+        tags={TRIGGER_TAG: "batch", BATCH_TAG: str(len(names))},
+    )
+
+
 def demo_sensor(
-    sources: list[SourceConfig], jobs: list[dg.UnresolvedAssetJobDefinition]
+    sources: list[SourceConfig],
+    jobs: list[dg.UnresolvedAssetJobDefinition],
+    **batching: Any,
 ) -> dg.SensorDefinition:
     """The sensor of the sources on the demo API: stopped until someone serves the API, so
     ``dagster dev`` after ``changewatch demo`` (whose API is gone) starts no failing runs."""
     return sync_sensor(
         sources,
         jobs,
+        **batching,
         name=DEMO_SENSOR,
         running=False,
         description=(

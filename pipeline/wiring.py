@@ -27,9 +27,11 @@ from changewatch.pipeline.watch_assets import (
     notifications_asset,
 )
 
-__all__ = ["DELIVER_JOB", "build_definitions", "digest_job_name"]
+__all__ = ["BATCH_JOB", "DELIVER_JOB", "build_definitions", "digest_job_name"]
 
 DELIVER_JOB = "deliver_notifications"
+# Syncs several sources in one run (pipeline/sensors.py's sync sensor asks it).
+BATCH_JOB = "sync_batch"
 
 
 def digest_job_name(name: str) -> str:
@@ -58,13 +60,10 @@ def build_definitions(
     assets += list(digests.values())
 
     jobs = {}
+    selections = {source.name: _run_assets(source, config) for source in config.sources}
     for source in config.sources:
         # A sync run carries its changes all the way: sync, evaluate, deliver.
-        selected = [source.table] + [
-            evaluation_asset_name(w) for w in config.watches if source.name in w.sources
-        ]
-        if len(selected) > 1:
-            selected.append(NOTIFICATIONS_ASSET)
+        selected = selections[source.name]
         jobs[source.name] = dg.define_asset_job(
             sync_job_name(source),
             selection=dg.AssetSelection.assets(*selected),
@@ -86,8 +85,16 @@ def build_definitions(
     interval_sources = [s for s in config.sources if s.cron is None]
     live = [s for s in interval_sources if not is_demo_source(s)]
     demo = [s for s in interval_sources if is_demo_source(s)]
-    sensors = [sync_sensor(live, [jobs[s.name] for s in live])] if live else []
-    sensors += [demo_sensor(demo, [jobs[s.name] for s in demo])] if demo else []
+    # A sensor of one source has nothing to batch: its runs stay that source's own job.
+    batched = len(live) > 1 or len(demo) > 1
+    batch = _batch_job(interval_sources, selections) if batched else None
+    keys = {name: [dg.AssetKey(a) for a in assets] for name, assets in selections.items()}
+
+    def batching(group: list) -> dict:
+        return {"batch_job": batch, "selections": keys} if len(group) > 1 else {}
+
+    sensors = [sync_sensor(live, [jobs[s.name] for s in live], **batching(live))] if live else []
+    sensors += [demo_sensor(demo, [jobs[s.name] for s in demo], **batching(demo))] if demo else []
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
     schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
     schedules += [
@@ -113,11 +120,36 @@ def build_definitions(
         schedules.append(schedule)
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()) + digest_jobs + delivery_jobs + maintenance_jobs,
+        jobs=list(jobs.values())
+        + ([batch] if batch is not None else [])
+        + digest_jobs
+        + delivery_jobs
+        + maintenance_jobs,
         sensors=sensors,
         schedules=schedules,
         resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},
         executor=dg.in_process_executor,
+    )
+
+
+def _run_assets(source, config: ChangewatchConfig) -> list[str]:
+    """What a sync of ``source`` runs: its sync asset, its watches' evaluations, delivery."""
+    selected = [source.table] + [
+        evaluation_asset_name(w) for w in config.watches if source.name in w.sources
+    ]
+    return selected + [NOTIFICATIONS_ASSET] if len(selected) > 1 else selected
+
+
+def _batch_job(sources, selections: dict[str, list[str]]) -> dg.UnresolvedAssetJobDefinition:
+    """The job that syncs several interval sources in one run (the sync sensor picks the
+    sources of each run by asset selection), so a run's start-up is paid once per tick."""
+    assets = dict.fromkeys(a for s in sources for a in selections[s.name])
+    return dg.define_asset_job(
+        BATCH_JOB,
+        selection=dg.AssetSelection.assets(*assets),
+        # One process, steps one after another: a DuckDB file admits one writing process.
+        executor_def=dg.in_process_executor,
+        description="Sync the interval sources that changed at one sensor tick, in one run.",
     )
 
 

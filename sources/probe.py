@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
@@ -158,6 +159,9 @@ class ProbeClients:
         self._clients: dict[HttpPolicy, HttpClient] = {}
         self._lock = threading.Lock()
         self._transport = transport
+        # A sensor's clients live as long as its definition; when that goes, so do their
+        # connections (closed, not left to the garbage collector's ResourceWarning).
+        weakref.finalize(self, _close_all, self._clients)
 
     def client(self, policy: HttpPolicy) -> HttpClient:
         with self._lock:
@@ -169,15 +173,19 @@ class ProbeClients:
 
     def close(self) -> None:
         with self._lock:
-            for client in self._clients.values():
-                client.close()
-            self._clients.clear()
+            _close_all(self._clients)
 
     def __enter__(self) -> ProbeClients:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _close_all(clients: dict[HttpPolicy, HttpClient]) -> None:
+    for client in list(clients.values()):
+        client.close()
+    clients.clear()
 
 
 def fingerprint(body: bytes) -> str:

@@ -20,9 +20,9 @@ import yaml
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import TRIGGER_TAG, sync_sensor
+from changewatch.pipeline.sensors import BATCH_TAG, SYNC_SENSOR, TRIGGER_TAG, sync_sensor
 from changewatch.pipeline.timing import due_slot
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.wiring import BATCH_JOB, build_definitions
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.warehouse import connect
@@ -250,3 +250,41 @@ def test_probed_syncs_store_the_change_on_both_backends(
 def comments(url: str) -> dict[int, int]:
     with connect(url) as warehouse:
         return dict(warehouse.fetch("SELECT number, comments FROM alpha"))
+
+
+def test_syncs_due_at_one_tick_run_together_on_both_backends(
+    tmp_path, instance, apis, warehouse_url, monkeypatch, dead_url
+):
+    one, two = apis
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    sources = [source("alpha", one.url), source("beta", two.url), source("down", dead_url)]
+    defs = build_definitions(load_config(write(tmp_path / "w.yaml", sources)))
+    # The sensor as wired for the code server (its real clock): both first probes say
+    # "changed", down's probe fails so it is due at its interval.
+    sensor = defs.resolve_sensor_def(SYNC_SENSOR)
+    context = dg.build_sensor_context(instance=instance, definitions=defs)
+    result = sensor.evaluate_tick(context)
+    [request] = result.run_requests or []
+    assert request.job_name == BATCH_JOB
+    assert request.tags[TRIGGER_TAG] == "batch" and request.tags[BATCH_TAG] == "3"
+    selected = sorted(k.to_user_string() for k in request.asset_selection or [])
+    assert selected == ["alpha", "beta", "down"]
+    assert request.run_key.startswith("batch:")
+
+    job = defs.resolve_job_def(BATCH_JOB)
+    done = job.execute_in_process(
+        instance=instance,
+        asset_selection=request.asset_selection,
+        tags=request.tags,
+        raise_on_error=False,
+    )
+    # The unreachable source's sync fails; the others in the same run are stored all the same.
+    assert not done.success
+    failed = {e.step_key for e in done.all_events if e.event_type_value == "STEP_FAILURE"}
+    assert failed == {"down"}
+    with connect(warehouse_url) as warehouse:
+        for table in ("alpha", "beta"):
+            assert warehouse.fetch(f"SELECT count(*) FROM {table}") == [(40,)]
+    # Nothing changed since: a tick in the same slot (the cursor kept) requests nothing.
+    again = dg.build_sensor_context(instance=instance, definitions=defs, cursor=result.cursor)
+    assert list(sensor.evaluate_tick(again).run_requests or []) == []
