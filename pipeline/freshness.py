@@ -9,12 +9,14 @@ from itertools import islice, pairwise
 import dagster as dg
 from changewatch.pipeline.triggers import scheduled_by_default
 from changewatch.sources import SourceConfig
+from changewatch.sources.probe import has_probe
 from dagster._utils.schedules import cron_string_iterator  # the cron parser Dagster itself uses
 
 __all__ = ["MISSED_SYNCS_FAIL", "MISSED_SYNCS_WARN", "source_freshness", "sync_period"]
 
 # Every sync materializes its asset, even one that found nothing new (304 or no change), so a
-# stale asset means syncs stopped or keep failing. One missed sync is noise (a slow walk, a
+# stale asset means syncs stopped or keep failing (a probed source syncs at least once per
+# probe.reconcile). One missed sync is noise (a slow walk, a
 # deferred rate limit); two warn, three fail.
 MISSED_SYNCS_WARN = 2
 MISSED_SYNCS_FAIL = 3
@@ -24,11 +26,16 @@ MIN_WINDOW = timedelta(minutes=1)
 def sync_period(source: SourceConfig) -> timedelta:
     """The longest time between two planned syncs of ``source``.
 
-    An interval source waits at most its interval plus its jitter; a cron source the longest
-    gap between its firings over a week (``0 9 * * 1-5`` waits three days over a weekend).
+    An interval source waits at most its interval plus its jitter, or, when the sync sensor
+    probes it (pipeline/probing.py), its ``probe.reconcile`` plus jitter: an unchanged source
+    gets no run until then. A cron source waits the longest gap between its firings over a
+    week (``0 9 * * 1-5`` waits three days over a weekend).
     """
     if source.cron is None:
-        return timedelta(seconds=source.interval + source.jitter)
+        every = source.interval
+        if source.probe.enabled and has_probe(source):
+            every = max(every, source.probe.reconcile)
+        return timedelta(seconds=every + source.jitter)
     firings = cron_string_iterator(time.time(), source.cron, source.timezone)
     week = 7 * 24 * 3600
     gaps, first = [], None

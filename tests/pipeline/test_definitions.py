@@ -364,6 +364,7 @@ def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_pat
         "timezone": "Europe/Berlin",
     }
     fast_source = {**interval_source, "name": "fast", "table": "fast", "interval": "5s"}
+    fast_source["probe"] = False
     fast_source.pop("jitter")
     data["sources"] += [weekday_source, fast_source]
     defs = build_definitions(load_config(write_config(tmp_path / "w.yaml", data)), environ={})
@@ -373,11 +374,12 @@ def test_sync_assets_are_fresh_for_two_missed_syncs_and_fail_after_three(tmp_pat
         policy = graph.get(dg.AssetKey(table)).freshness_policy
         return policy.warn_window.to_timedelta(), policy.fail_window.to_timedelta()
 
-    period = timedelta(minutes=5, seconds=20)
+    # Probed: an unchanged source syncs once per probe.reconcile (1h), plus its jitter.
+    period = timedelta(hours=1, seconds=20)
     assert windows("issues") == (2 * period, 3 * period)
     # Weekdays only: the longest gap is the weekend, so Monday's sync is not late on Sunday.
     assert windows("weekday_issues") == (2 * timedelta(days=3), 3 * timedelta(days=3))
-    # Dagster's floor: windows of at least a minute.
+    # Not probed (probe: false), a sync at every interval; Dagster's floor: at least a minute.
     assert windows("fast") == (timedelta(minutes=1), timedelta(minutes=2))
     # Only what syncs has a clock: evaluations follow their source.
     assert graph.get(dg.AssetKey("eval_new_bugs")).freshness_policy is None
