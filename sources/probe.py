@@ -17,10 +17,13 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from changewatch.sources.base import SourceBase, Validator
@@ -52,8 +55,13 @@ MAX_PROBES_IN_FLIGHT = 16
 DEFAULT_PROBE_BUDGET = 40.0
 PROBE_BUDGET_ENV = "CHANGEWATCH_PROBE_BUDGET"
 
-# State of one request: {"e": etag, "m": last-modified, "h": body hash}, short keys because
-# it lives in the sensor cursor for every source.
+# How far before the server's time of its previous answer (its Date header) an incremental
+# probe asks `since`: an update stamped a little before it was visible must not be missed
+# (one seen twice is no change).
+SINCE_MARGIN = 300.0
+
+# State of one request: {"e": etag, "m": last-modified, "h": body hash, "s": since mark};
+# short keys because it lives in the sensor cursor for every source.
 RequestState = dict[str, str]
 ProbeState = dict[str, RequestState]
 
@@ -71,6 +79,10 @@ class ProbeRequest:
     params: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
+    # An incremental listing's `since` parameter: its name and how an ISO-8601 time is sent.
+    # The probe then asks what changed since its previous probe (less SINCE_MARGIN), so a
+    # change anywhere in the listing shows on the first page.
+    since: tuple[str, Callable[[str], Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -222,9 +234,15 @@ def _ask(client: HttpClient, request: ProbeRequest, was: RequestState | None) ->
     """The state of one request now: validators, and the body's hash (kept from ``was`` on a
     304, which has no body)."""
     sent = Validator(etag=was.get("e"), last_modified=was.get("m")) if was else None
+    params = dict(request.params)
+    if request.since is not None:
+        # The first probe asks since our own clock's mark, so that the next, asking since the
+        # server's, compares a like window (the first counts as changed anyway).
+        name, send = request.since
+        params[name] = send(was["s"] if was and "s" in was else _iso(time.time() - SINCE_MARGIN))
     response = client.get(
         request.url,
-        params=request.params or None,
+        params=params or None,
         headers=request.headers,
         validator=sent if sent is not None and sent.sendable else None,
         secrets=request.secrets,
@@ -237,7 +255,23 @@ def _ask(client: HttpClient, request: ProbeRequest, was: RequestState | None) ->
         now["e"] = validator.etag
     if validator is not None and validator.last_modified:
         now["m"] = validator.last_modified
+    if request.since is not None:
+        now["s"] = _mark(response)
     return now
+
+
+def _mark(response: Any) -> str:
+    """Where the next ``since`` probe starts: the server's time of this answer (its ``Date``
+    header, else ours) less ``SINCE_MARGIN``, in ISO-8601 UTC."""
+    try:
+        moment = parsedate_to_datetime(response.headers["date"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        moment = time.time()
+    return _iso(moment - SINCE_MARGIN)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def unchanged(was: RequestState | None, now: RequestState) -> bool:

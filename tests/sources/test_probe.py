@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from changewatch.sources.feed import FeedSourceConfig
 from changewatch.sources.github import GitHubSourceConfig
 from changewatch.sources.probe import (
     DEFAULT_PROBE_BUDGET,
+    SINCE_MARGIN,
     ProbeClients,
     probe,
     probe_all,
@@ -251,3 +253,37 @@ def test_credentials_go_with_the_probe_and_nowhere_else(api, clients, monkeypatc
     assert [r.query.get("key") for r in api.received] == [secret, secret]
     assert failed.error is not None and "500" in failed.error
     assert secret not in repr(first) + repr(failed)  # not in errors, nor in the kept state
+
+
+def test_an_incremental_probe_asks_since_its_last_answer_so_any_change_shows(api, clients):
+    # Oldest first, two per page: a change lands on the last page, which a first-page probe
+    # without `since` would never see.
+    updated = {1: "2020-01-01T00:00:00Z", 2: "2020-01-02T00:00:00Z", 3: "2020-01-03T00:00:00Z"}
+
+    def listing(request) -> Reply:
+        since = request.query.get("since", "")
+        rows = sorted(
+            ({"id": n, "updated_at": at} for n, at in updated.items() if at >= since),
+            key=lambda row: row["updated_at"],
+        )
+        return Reply.json(rows[:2])
+
+    api.route("/items", listing)
+    config = rest(
+        api.base_url,
+        "/items",
+        sync="incremental",
+        updated_at="updated_at",
+        columns={"id": "bigint", "updated_at": "timestamp"},
+        incremental={"param": "since"},
+    )
+    first = probe(config, None, clients)
+    assert "since" in api.received[-1].query  # from our clock, the first time
+    # The server's time of the answer (its Date header), less the margin.
+    mark = datetime.fromisoformat(first.state[""]["s"])
+    assert abs((datetime.now(UTC) - mark).total_seconds() - SINCE_MARGIN) < 120
+    quiet = probe(config, first.state, clients)
+    assert api.received[-1].query["since"] == first.state[""]["s"]
+    assert quiet.changed is False
+    updated[1] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # now the newest: last page
+    assert probe(config, quiet.state, clients).changed is True
