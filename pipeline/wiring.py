@@ -9,7 +9,13 @@ import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG, sync_asset
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
-from changewatch.pipeline.resources import JudgeResource, warehouse_resource, warehouse_url
+from changewatch.pipeline.resources import (
+    WAREHOUSE_POOL,
+    JudgeResource,
+    warehouse_pool,
+    warehouse_resource,
+    warehouse_url,
+)
 from changewatch.pipeline.sensors import (
     cron_schedule,
     debounce_schedule,
@@ -19,6 +25,7 @@ from changewatch.pipeline.sensors import (
     sync_job_name,
     sync_sensor,
 )
+from changewatch.pipeline.threaded_executor import threaded_executor, threads_from_env
 from changewatch.pipeline.watch_assets import (
     NOTIFICATIONS_ASSET,
     digest_asset,
@@ -87,7 +94,9 @@ def build_definitions(
     demo = [s for s in interval_sources if is_demo_source(s)]
     # A sensor of one source has nothing to batch: its runs stay that source's own job.
     batched = len(live) > 1 or len(demo) > 1
-    batch = _batch_job(interval_sources, selections) if batched else None
+    batch = (
+        _batch_job(interval_sources, selections, _batch_executor(url, environ)) if batched else None
+    )
     keys = {name: [dg.AssetKey(a) for a in assets] for name, assets in selections.items()}
 
     def batching(group: list) -> dict:
@@ -140,17 +149,30 @@ def _run_assets(source, config: ChangewatchConfig) -> list[str]:
     return selected + [NOTIFICATIONS_ASSET] if len(selected) > 1 else selected
 
 
-def _batch_job(sources, selections: dict[str, list[str]]) -> dg.UnresolvedAssetJobDefinition:
+def _batch_job(
+    sources, selections: dict[str, list[str]], executor: dg.ExecutorDefinition
+) -> dg.UnresolvedAssetJobDefinition:
     """The job that syncs several interval sources in one run (the sync sensor picks the
     sources of each run by asset selection), so a run's start-up is paid once per tick."""
     assets = dict.fromkeys(a for s in sources for a in selections[s.name])
     return dg.define_asset_job(
         BATCH_JOB,
         selection=dg.AssetSelection.assets(*assets),
-        # One process, steps one after another: a DuckDB file admits one writing process.
-        executor_def=dg.in_process_executor,
+        executor_def=executor,
         description="Sync the interval sources that changed at one sensor tick, in one run.",
     )
+
+
+def _batch_executor(url: str, environ: dict[str, str]) -> dg.ExecutorDefinition:
+    """How a batched run executes its steps, all inside the run's process.
+
+    On PostgreSQL, which takes many writers, up to CHANGEWATCH_SYNC_CONCURRENCY (4) at once on
+    threads, so one slow API does not hold the others; on DuckDB one after another, since a
+    DuckDB file admits one writer (its one-slot pool would serialize them anyway).
+    """
+    if warehouse_pool(url, "batch") == WAREHOUSE_POOL:
+        return dg.in_process_executor
+    return threaded_executor.configured({"max_concurrent": threads_from_env(environ)})
 
 
 def _digest_schedule(digest, job: dg.UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:

@@ -284,9 +284,22 @@ class PostgresWarehouse(Warehouse):
             self._cur.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
         if schema:
             if not read_only:
-                self._cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                self._create_schema(schema)
             self._cur.execute(f'SET search_path TO "{schema}"')
         self._con.commit()
+
+    def _create_schema(self, schema: str) -> None:
+        """Create ``schema`` unless it exists. Two sessions creating it at once (syncs of a
+        batch on a fresh warehouse) may both pass IF NOT EXISTS, and the loser's insert into
+        the catalog fails: the schema it wanted is there, so that is success."""
+        try:
+            self._cur.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            self._con.commit()
+        except Exception:
+            self._con.rollback()
+            found = self.fetch("SELECT 1 FROM pg_namespace WHERE nspname = $1", (schema,))
+            if not found:
+                raise
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None:
         self._cur.execute(sql, tuple(params) or None)

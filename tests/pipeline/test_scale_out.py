@@ -439,7 +439,7 @@ def local(command: list[str], **options: str) -> list[str]:
     return command
 
 
-def test_code_server_webserver_and_daemon_run_two_syncs_at_once(
+def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
     tmp_path, monkeypatch, dagster_db, pg_warehouse, two_trackers
 ):
     trackers = two_trackers
@@ -498,9 +498,10 @@ def test_code_server_webserver_and_daemon_run_two_syncs_at_once(
         # the yardstick of the waits below (a run worker does the same before it syncs).
         started = wait_working(webserver_up, pids=pids, what="the webserver")
         with gate(pg_warehouse, list(trackers)) as waiting:
-            # The daemon's sensor requests every source at once (its first tick may come a
-            # sensor interval later); the run queue launches both runs through the code server,
-            # and both syncs reach their commit together.
+            # The daemon's sensor finds both sources due at one tick and requests one batched
+            # run (its first tick may come a sensor interval later); the run queue launches it
+            # through the code server, and its two syncs, on threads of the run's process
+            # (a PostgreSQL warehouse), reach their commit together.
             wait_working(
                 lambda: alive() or waiting() == len(trackers),
                 pids=pids,
@@ -508,17 +509,19 @@ def test_code_server_webserver_and_daemon_run_two_syncs_at_once(
                 limit=SENSOR_INTERVAL_S + 3 * started + STALL_S,
                 what="both syncs writing at the same time (progress: how many were)",
             )
-        # The gate is open: both runs finish, recorded in the shared instance.
+        # The gate is open: the run finishes, recorded in the shared instance.
         with dg.DagsterInstance.get() as instance:
 
             def finished() -> bool:
                 runs = instance.get_runs()
-                return len(runs) == len(trackers) and all(r.is_finished for r in runs)
+                return len(runs) == 1 and runs[0].is_finished
 
-            wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the two runs")
-            assert sorted((r.job_name, r.status) for r in instance.get_runs()) == [
-                (f"sync_{name}", dg.DagsterRunStatus.SUCCESS) for name in sorted(trackers)
-            ], alive()
+            wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the batch run")
+            (run,) = instance.get_runs()
+            assert (run.job_name, run.status) == ("sync_batch", dg.DagsterRunStatus.SUCCESS), (
+                alive()
+            )
+            assert run.tags["changewatch/batch_size"] == str(len(trackers))
     with connect(pg_warehouse) as wh:
         for name, server in trackers.items():
             assert wh.fetch(f'SELECT count(*) FROM "{name}_changes"') == [(len(server.tracker),)]
