@@ -14,7 +14,7 @@ from changewatch.sources.limits import (
     DEFAULT_SYNC_TIMEOUT,
     ByteSize,
 )
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -126,6 +126,21 @@ def _probe_shorthand(value: Any) -> Any:
     return {"enabled": value} if isinstance(value, bool) else value
 
 
+@dataclass(frozen=True)
+class TargetScope:
+    """One target of a fleet source (``sources/fleet.py``).
+
+    A target's sync keeps its own cursor, validators and run records under its own name
+    (``<fleet>[<target>]``), takes its fleet's lock and payload fields (they describe the one
+    table the targets share), and compares, counts and deletes only the rows whose
+    ``column`` holds ``value``.
+    """
+
+    fleet: str
+    column: str
+    value: str
+
+
 class SourceBase(BaseModel):
     """Settings every source declares, whatever its type."""
 
@@ -175,6 +190,18 @@ class SourceBase(BaseModel):
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.
     lists_everything: ClassVar[bool] = True
+    # Set on the config of one target of a fleet (sources/fleet.py), never from the file.
+    _target: TargetScope | None = PrivateAttr(default=None)
+
+    @property
+    def target_scope(self) -> TargetScope | None:
+        """The fleet target this config syncs, or None for a whole source."""
+        return self._target
+
+    @property
+    def owner(self) -> str:
+        """The source that owns the table: its fleet's name for a target, else its own."""
+        return self._target.fleet if self._target is not None else self.name
 
     @model_validator(mode="before")
     @classmethod

@@ -107,11 +107,14 @@ def probe_requests(config: SourceBase) -> list[ProbeRequest] | None:
     # Imported here: each type's probe imports this module for ProbeRequest.
     from changewatch.sources.feed.config import FeedSourceConfig
     from changewatch.sources.feed.probe import feed_probe_requests
+    from changewatch.sources.fleet import fleet_probe_requests, is_fleet
     from changewatch.sources.github.config import GitHubSourceConfig
     from changewatch.sources.github.probe import github_probe_requests
     from changewatch.sources.rest.config import RestSourceConfig
     from changewatch.sources.rest.probe import rest_probe_requests
 
+    if is_fleet(config):
+        return fleet_probe_requests(config)  # each listed target's, keyed by target
     if isinstance(config, RestSourceConfig):
         return rest_probe_requests(config)
     if isinstance(config, FeedSourceConfig):

@@ -43,7 +43,7 @@ from changewatch.warehouse.schema import (
     evolved_column,
 )
 from changewatch.warehouse.statements import literal, quote, render
-from changewatch.warehouse.sync_lock import SyncSkipped, sync_lock
+from changewatch.warehouse.sync_lock import SyncSkipped, sync_lock, sync_lock_key
 
 __all__ = [
     "SyncConflict",
@@ -133,7 +133,8 @@ def run_sync(
     Raises ``SyncSkipped``, having recorded and fetched nothing, when another sync of the
     source holds its lock (``sync_lock``).
     """
-    with sync_lock(wh, source.config.name):
+    # A fleet's targets share its lock: they write one table and its change log.
+    with sync_lock(wh, source.config.owner):
         return _run_sync(
             wh, source, dagster_run_id=dagster_run_id, now=now, silent=silent, full=full
         )
@@ -172,7 +173,7 @@ def _run_sync(
         validators = {} if full else _stored_validators(wh, config)
         known = {
             row[0]: (row[1], row[2])
-            for row in wh.fetch(render("select_source_fields", wh.dialect), (config.name,))
+            for row in wh.fetch(render("select_source_fields", wh.dialect), (config.owner,))
         }
         wh.execute(
             render("insert_sync_runs", wh.dialect),
@@ -275,7 +276,7 @@ def apply_sync(
     with wh.transaction():
         # Two syncs of one source must not interleave their read-diff-write; Dagster's tag
         # limit keeps them apart, and this lock holds even for runs started outside Dagster.
-        wh.lock(f"changewatch:sync:{config.name}")
+        wh.lock(sync_lock_key(config.owner))
         previous = wh.fetch(render("select_sync_state", wh.dialect), (config.name,))
         if (previous[0][2] if previous else None) != expected_last_sync:
             raise SyncConflict(
@@ -292,7 +293,7 @@ def apply_sync(
             wh.loads_aside
             and height
             and not staged.fetch("SELECT EXISTS (FROM stored)")[0][0]
-            and not wh.fetch(render("select_source_fields", wh.dialect), (config.name,))
+            and not wh.fetch(render("select_source_fields", wh.dialect), (config.owner,))
         )
         with _loading_aside(wh, config, staged) if first_load else nullcontext(False) as aside:
             _create_diff(staged, keys, complete=fetched.complete)
@@ -357,6 +358,17 @@ def _load_stored(wh: Warehouse, config: SourceBase, staged: StagedFetch, *, comp
     table = quote(config.table)
     keys = ", ".join(quote(k) for k in config.primary_key)
     if complete:
+        if (scope := config.target_scope) is not None:
+            # A fleet target's complete listing is its own rows: others' are no deletes.
+            query = render(
+                "select_hashes_entity_target",
+                wh.dialect,
+                table=table,
+                primary_key=keys,
+                column=quote(scope.column),
+            )
+            staged.load_stored(wh.fetch_batches(query, (scope.value,)))
+            return
         query = render("select_hashes_entity", wh.dialect, table=table, primary_key=keys)
         staged.load_stored(wh.fetch_batches(query))
         return
@@ -398,7 +410,9 @@ def _record_fields(
 
     Returns the fields that became columns in this sync.
     """
-    known = {row[0] for row in wh.fetch(render("select_source_fields", wh.dialect), (config.name,))}
+    known = {
+        row[0] for row in wh.fetch(render("select_source_fields", wh.dialect), (config.owner,))
+    }
     baseline = not known
     new = {f: t for f, t in fields.items() if f not in known}
     if not new:
@@ -414,7 +428,7 @@ def _record_fields(
     }
     found = pl.DataFrame(
         {
-            "source": [config.name] * len(new),
+            "source": [config.owner] * len(new),
             "field": list(new),
             # For an evolved field, the type of its column; otherwise the values' type.
             "field_type": [become_columns.get(f, new[f]) for f in new],
@@ -817,6 +831,11 @@ def _next_cursor(before: str | None, staged: StagedFetch, config: SourceBase) ->
 
 
 def _count(wh: Warehouse, config: SourceBase) -> int:
+    if (scope := config.target_scope) is not None:
+        statement = render(
+            "count_entity_target", wh.dialect, table=quote(config.table), column=quote(scope.column)
+        )
+        return wh.fetch(statement, (scope.value,))[0][0]
     return wh.fetch(render("count_entity", wh.dialect, table=quote(config.table)))[0][0]
 
 

@@ -20,6 +20,8 @@ from changewatch.sources.demo.tracker import DemoTracker, parse_ts
 
 MAX_PER_PAGE = 100  # GitHub silently caps per_page at 100; so do we
 _ISSUES_PATH = re.compile(r"^/repos/([^/]+)/([^/]+)/issues(?:/([^/]+))?/?$")
+# An owner's repositories (those the server has trackers for), as GitHub lists an org's.
+_REPOS_PATH = re.compile(r"^/orgs/([^/]+)/repos/?$")
 _NOT_FOUND = orjson.dumps({"message": "Not Found"})
 # Allowed values of the enumerated list parameters; the first is GitHub's default.
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -96,18 +98,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._control(method, path, body)
             return
         api.count(path)
+        if method == "GET" and (org := _REPOS_PATH.match(path)) is not None:
+            self._send_json(200, api.repos(org.group(1)))
+            return
         match = _ISSUES_PATH.match(path)
         if method != "GET" or match is None:
             self._send(404, _NOT_FOUND)
             return
         owner, repo, number = match.groups()
-        if f"{owner}/{repo}".lower() != api.tracker.repo.lower():
+        tracker = api.trackers.get(f"{owner}/{repo}".lower())
+        if tracker is None:
             self._send(404, _NOT_FOUND)
         elif number is None:
-            self._list_issues(path, url.query)
+            self._list_issues(tracker, path, url.query)
         else:
             numeric = number.isascii() and number.isdigit()  # int() takes more than ASCII digits
-            blob = api.tracker.issue_json(int(number)) if numeric else None
+            blob = tracker.issue_json(int(number)) if numeric else None
             if blob is None:
                 self._send(404, _NOT_FOUND)
             else:
@@ -133,7 +139,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, _NOT_FOUND)
 
-    def _list_issues(self, path: str, query: str) -> None:
+    def _list_issues(self, tracker: DemoTracker, path: str, query: str) -> None:
         pairs = parse_qsl(query, keep_blank_values=True)
         params = dict(pairs)  # a repeated parameter: the last one wins
         errors: list[dict[str, str]] = []
@@ -153,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
         if errors:
             self._send_json(422, {"message": "Validation Failed", "errors": errors})
             return
-        result = self.server.api.tracker.page(
+        result = tracker.page(
             state=choices["state"],
             since=since,
             sort=choices["sort"],
@@ -238,12 +244,20 @@ class DemoAPIServer:
     """Serves a :class:`DemoTracker` over HTTP from a background thread.
 
     ``port=0`` picks a free port; read the address from :attr:`url` after :meth:`start`.
+    ``more`` trackers (of other repositories) are served beside the first, and
+    ``/orgs/{owner}/repos`` lists an owner's repositories among them.
     """
 
     def __init__(
-        self, tracker: DemoTracker | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        tracker: DemoTracker | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        more: Iterable[DemoTracker] = (),
     ) -> None:
         self.tracker = tracker if tracker is not None else DemoTracker()
+        self.trackers = {t.repo.lower(): t for t in (self.tracker, *more)}
         self.host = host
         self.port = port
         self._httpd: _HTTPServer | None = None
@@ -306,6 +320,14 @@ class DemoAPIServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def repos(self, owner: str) -> list[dict[str, Any]]:
+        """The repositories of ``owner`` served here, as GitHub lists an organization's."""
+        return [
+            {"full_name": t.repo, "name": t.repo.partition("/")[2], "issues": len(t)}
+            for t in sorted(self.trackers.values(), key=lambda t: t.repo.lower())
+            if t.repo.partition("/")[0].lower() == owner.lower()
+        ]
 
     def count(self, path: str) -> None:
         """Record one served request."""

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, SourceBase
 from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
+from changewatch.sources.targets import query_tables
 from pydantic import Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
@@ -47,7 +48,13 @@ class GitHubSourceConfig(SourceBase):
     """
 
     type: Literal["github"]
-    repos: list[str] = Field(min_length=1)
+    repos: list[str] | None = Field(default=None, min_length=1)
+    # A fleet (sources/fleet.py): each repository synced on its own (its own cursor and
+    # validators, a partition of the source's asset), into the one table keyed by `repo`.
+    fleet: bool = False
+    # The repositories of a fleet read from the warehouse (first column of a read of synced
+    # tables, e.g. an organization's repository listing), by each run of the fleet.
+    repos_query: str | None = None
     # The NAME of the environment variable holding a token; None: anonymous (60 requests/h).
     token_env: EnvVarName | None = None
     base_url: str = "https://api.github.com"
@@ -77,7 +84,9 @@ class GitHubSourceConfig(SourceBase):
 
     @field_validator("repos")
     @classmethod
-    def _owner_slash_name(cls, value: list[str]) -> list[str]:
+    def _owner_slash_name(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
         bad = [repo for repo in value if not isinstance(repo, str) or not _REPO.match(repo)]
         if bad:
             raise ValueError(f"repos must look like 'owner/name', got {bad}")
@@ -85,6 +94,23 @@ class GitHubSourceConfig(SourceBase):
         if len(seen) != len(value):
             raise ValueError("repos lists a repository twice")
         return value
+
+    @field_validator("repos_query")
+    @classmethod
+    def _a_read(cls, value: str | None) -> str | None:
+        if value is not None:
+            query_tables(value)
+        return value
+
+    @model_validator(mode="after")
+    def _repos_given(self) -> GitHubSourceConfig:
+        if (self.repos is None) == (self.repos_query is None):
+            raise ValueError("give either repos: [owner/name, ...] or repos_query: SELECT ...")
+        if self.repos_query is not None:
+            self.fleet = True  # targets known only in a run: each is a partition of its own
+        if self.fleet and ("repo" not in self.columns or "repo" not in self.primary_key):
+            raise ValueError("a fleet keys its table by repository: keep repo in primary_key")
+        return self
 
     @field_validator("base_url")
     @classmethod

@@ -29,5 +29,5 @@ def github_probe_requests(config: GitHubSourceConfig) -> list[ProbeRequest]:
             headers={**HEADERS, **auth_headers},
             secrets=tuple(auth_headers),
         )
-        for repo in config.repos
+        for repo in config.repos or ()
     ]

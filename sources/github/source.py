@@ -25,9 +25,9 @@ _BOUNDS = ("max_response_bytes", "response_timeout")
 
 def _rest_config(config: GitHubSourceConfig, repo: str) -> RestSourceConfig:
     """The REST walk over one repository's ``/issues`` listing."""
-    return RestSourceConfig.model_validate(
+    walk = RestSourceConfig.model_validate(
         {
-            "name": config.name,
+            "name": config.owner,  # a valid name; a fleet target's own is set below
             "type": "rest",
             "table": config.table,
             "primary_key": config.primary_key,
@@ -54,6 +54,8 @@ def _rest_config(config: GitHubSourceConfig, repo: str) -> RestSourceConfig:
             **{name: getattr(config, name) for name in _BOUNDS if name in config.model_fields_set},
         }
     )
+    # Errors name what syncs: the source, or a fleet's target (`<fleet>[<owner/name>]`).
+    return walk.model_copy(update={"name": config.name})
 
 
 def github_time(cursor: str) -> str:
@@ -95,7 +97,7 @@ class GitHubSource:
             repo: RestSource(
                 _rest_config(config, repo), policy=self.policy, client_factory=self.client_factory
             )
-            for repo in config.repos
+            for repo in config.repos or ()
         }
 
     def fetch(

@@ -4,11 +4,12 @@ parent listing and response actions."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, Identifier, SourceBase
 from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
+from changewatch.sources.targets import ForEach, placeholder_problem
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
@@ -242,6 +243,31 @@ class RestSourceConfig(SourceBase):
     # Applies to the source's own requests (each child walk), never to the parent listing:
     # an ignored parent listing would look like every child was deleted.
     response_actions: list[ResponseAction] = []
+    # A fleet (sources/fleet.py): one listing per target, `{target}` filled in the path or
+    # params, each record stamped with its target in `target_column` (added to the columns
+    # and in front of the primary key), each target synced on its own into the one table.
+    for_each: ForEach | None = None
+    target_column: Identifier = "target"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _target_column(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("for_each") is None:
+            return data
+        column = data.get("target_column", "target")
+        columns = data.get("columns")
+        if isinstance(columns, dict) and column in columns:
+            raise ValueError(
+                f"column {column!r} is the fleet's target_column, filled by for_each: "
+                "leave it out of columns (or name the target column otherwise)"
+            )
+        keys = data.get("primary_key")
+        keys = [keys] if isinstance(keys, str) else list(keys or [])
+        return {
+            **data,
+            "columns": {column: "text", **columns} if isinstance(columns, dict) else columns,
+            "primary_key": keys if column in keys else [column, *keys],
+        }
 
     @field_validator("base_url")
     @classmethod
@@ -273,6 +299,20 @@ class RestSourceConfig(SourceBase):
         leftover = [t for t in templates if "{parent" in PLACEHOLDER.sub("", t)]
         if leftover:
             raise ValueError(f"malformed placeholder in {leftover[0]!r}: use {{parent.<field>}}")
+        return self
+
+    @model_validator(mode="after")
+    def _fleet_placeholder(self) -> RestSourceConfig:
+        templates = [self.path, *(v for v in self.params.values() if isinstance(v, str))]
+        if self.for_each is None:
+            if any("{target}" in t for t in templates):
+                raise ValueError("{target} placeholders need for_each: {values: [...]}")
+            return self
+        if self.parent is not None:
+            raise ValueError("for_each and parent do not go together: make the parent a fleet")
+        problem = placeholder_problem(templates)
+        if problem is not None:
+            raise ValueError(f"for_each: {problem}")
         return self
 
     @property
