@@ -14,6 +14,7 @@ from changewatch.sources.limits import (
     DEFAULT_SYNC_TIMEOUT,
     ByteSize,
 )
+from changewatch.sources.webhook import WebhookSettings
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -176,6 +177,8 @@ class SourceBase(BaseModel):
     probe: Annotated[ProbeSettings, BeforeValidator(_probe_shorthand)] = Field(
         default_factory=ProbeSettings
     )
+    # Where the provider sends change events (sources/webhook.py); polling then only reconciles.
+    webhook: WebhookSettings | None = None
     # Bounds of what one sync accepts from the API (see sources/limits.py): decoded bytes of
     # one response, seconds one response may take to arrive whole, seconds the whole walk may
     # take. Passing one fails the sync, naming the source, the request and the setting.
