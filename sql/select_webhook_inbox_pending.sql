@@ -1,0 +1,7 @@
+-- SQLite (pipeline/inbox.py). Deliveries after the sensor's cursor that no sync has covered yet,
+-- oldest first and bounded, so one tick stays cheap however many arrived.
+SELECT seq, source, delivery_id
+FROM webhook_inbox
+WHERE seq > ? AND consumed_at IS NULL
+ORDER BY seq
+LIMIT ?
