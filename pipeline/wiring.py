@@ -8,6 +8,13 @@ from datetime import timedelta
 import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG, sync_asset
 from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.fleet import (
+    fleet_assets,
+    fleet_jobs,
+    fleet_run_assets,
+    fleet_sensor,
+    is_fleet,
+)
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
 from changewatch.pipeline.resources import (
     WAREHOUSE_POOL,
@@ -57,7 +64,9 @@ def build_definitions(
     environ = dict(os.environ) if environ is None else environ
     # The backend decides the pools: one for everything on DuckDB, one per asset on PostgreSQL.
     url = warehouse_url(environ)
-    assets = [sync_asset(source, warehouse_url=url) for source in config.sources]
+    assets = [sync_asset(s, warehouse_url=url) for s in config.sources if not is_fleet(s)]
+    # A fleet: one asset partitioned by target (pipeline/fleet.py).
+    assets += [a for s in config.sources if is_fleet(s) for a in fleet_assets(s, warehouse_url=url)]
     assets += [evaluation_asset(watch, config, warehouse_url=url) for watch in config.watches]
     if config.watches:
         assets.append(notifications_asset(config, warehouse_url=url))
@@ -89,7 +98,9 @@ def build_definitions(
         )
         for name, asset in digests.items()
     ]
-    interval_sources = [s for s in config.sources if s.cron is None]
+    # Fleets have a sensor of their own: their runs name partitions, no batch can hold them.
+    fleets = [s for s in config.sources if is_fleet(s)]
+    interval_sources = [s for s in config.sources if s.cron is None and not is_fleet(s)]
     live = [s for s in interval_sources if not is_demo_source(s)]
     demo = [s for s in interval_sources if is_demo_source(s)]
     # A sensor of one source has nothing to batch: its runs stay that source's own job.
@@ -104,6 +115,9 @@ def build_definitions(
 
     sensors = [sync_sensor(live, [jobs[s.name] for s in live], **batching(live))] if live else []
     sensors += [demo_sensor(demo, [jobs[s.name] for s in demo], **batching(demo))] if demo else []
+    fleet_only = [j for s in fleets for j in fleet_jobs(s)]
+    if fleets:
+        sensors.append(fleet_sensor(fleets, [jobs[s.name] for s in fleets] + fleet_only))
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
     schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
     schedules += [
@@ -130,6 +144,7 @@ def build_definitions(
     return dg.Definitions(
         assets=assets,
         jobs=list(jobs.values())
+        + fleet_only
         + ([batch] if batch is not None else [])
         + digest_jobs
         + delivery_jobs
@@ -143,10 +158,10 @@ def build_definitions(
 
 def _run_assets(source, config: ChangewatchConfig) -> list[str]:
     """What a sync of ``source`` runs: its sync asset, its watches' evaluations, delivery."""
-    selected = [source.table] + [
-        evaluation_asset_name(w) for w in config.watches if source.name in w.sources
-    ]
-    return selected + [NOTIFICATIONS_ASSET] if len(selected) > 1 else selected
+    evaluations = [evaluation_asset_name(w) for w in config.watches if source.name in w.sources]
+    # A query fleet reads its targets first (pipeline/fleet.py).
+    selected = [*fleet_run_assets(source), source.table, *evaluations]
+    return selected + [NOTIFICATIONS_ASSET] if evaluations else selected
 
 
 def _batch_job(

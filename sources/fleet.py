@@ -18,7 +18,7 @@ from changewatch.sources.base import SourceBase, TargetScope
 from changewatch.sources.github.config import GitHubSourceConfig
 from changewatch.sources.probe import ProbeRequest
 from changewatch.sources.rest.config import RestSourceConfig
-from changewatch.sources.targets import ForEach, fill_target
+from changewatch.sources.targets import fill_target
 
 __all__ = [
     "fleet_probe_requests",
@@ -28,7 +28,6 @@ __all__ = [
     "member_name",
     "target_column",
     "targets_query",
-    "with_targets",
 ]
 
 
@@ -94,17 +93,6 @@ def member(config: SourceBase, target: str) -> SourceBase:
         raise TypeError(f"source {config.name!r} ({config.type}) cannot be a fleet")
     one._target = TargetScope(fleet=config.name, column=target_column(config), value=target)
     return one
-
-
-def with_targets(config: SourceBase, targets: list[str]) -> SourceBase:
-    """Fleet ``config`` listing ``targets`` (a query fleet's, as its last run resolved them),
-    for what needs them listed: the sensor's probes."""
-    if isinstance(config, RestSourceConfig):
-        listed = ForEach.model_construct(values=list(targets), query=None)
-        return config.model_copy(update={"for_each": listed})
-    if isinstance(config, GitHubSourceConfig):
-        return config.model_copy(update={"repos": list(targets), "repos_query": None})
-    raise TypeError(f"source {config.name!r} ({config.type}) cannot be a fleet")
 
 
 def fleet_probe_requests(config: SourceBase) -> list[ProbeRequest] | None:

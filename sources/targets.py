@@ -24,6 +24,7 @@ __all__ = [
     "check_target",
     "fill_target",
     "placeholder_problem",
+    "schedule_problem",
     "query_tables",
 ]
 
@@ -127,6 +128,18 @@ class ForEach(BaseModel):
 
 # `{target}` anywhere but whole: `{targets}`, `{ target }` are typos, not placeholders.
 _NEAR_MISS = re.compile(r"\{\s*target[^}]*\}")
+
+
+def schedule_problem(cron: str | None, reconcile: str | None) -> str | None:
+    """Why a fleet cannot take these schedules, or None: its runs name their targets
+    (partitions), which only the fleet sensor's interval runs do so far.
+
+    >>> schedule_problem(None, None) is None, schedule_problem("0 * * * *", None)
+    (True, 'a fleet syncs at its interval: cron: and reconcile: are not supported for fleets')
+    """
+    if cron is None and reconcile is None:
+        return None
+    return "a fleet syncs at its interval: cron: and reconcile: are not supported for fleets"
 
 
 def placeholder_problem(templates: list[str]) -> str | None:

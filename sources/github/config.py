@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, SourceBase
 from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
-from changewatch.sources.targets import query_tables
+from changewatch.sources.targets import query_tables, schedule_problem
 from pydantic import Field, field_validator, model_validator
 
 __all__ = ["DEFAULT_COLUMNS", "GitHubSourceConfig"]
@@ -110,6 +110,8 @@ class GitHubSourceConfig(SourceBase):
             self.fleet = True  # targets known only in a run: each is a partition of its own
         if self.fleet and ("repo" not in self.columns or "repo" not in self.primary_key):
             raise ValueError("a fleet keys its table by repository: keep repo in primary_key")
+        if self.fleet and (problem := schedule_problem(self.cron, self.reconcile)) is not None:
+            raise ValueError(problem)
         return self
 
     @field_validator("base_url")

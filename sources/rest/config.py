@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from changewatch.sources.base import Duration, EnvVarName, Identifier, SourceBase
 from changewatch.sources.limits import DEFAULT_PAGE_LIMIT
-from changewatch.sources.targets import ForEach, placeholder_problem
+from changewatch.sources.targets import ForEach, placeholder_problem, schedule_problem
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Credentials belong in `auth` (read from the environment), never in the YAML file.
@@ -310,6 +310,8 @@ class RestSourceConfig(SourceBase):
             return self
         if self.parent is not None:
             raise ValueError("for_each and parent do not go together: make the parent a fleet")
+        if (problem := schedule_problem(self.cron, self.reconcile)) is not None:
+            raise ValueError(problem)
         problem = placeholder_problem(templates)
         if problem is not None:
             raise ValueError(f"for_each: {problem}")
