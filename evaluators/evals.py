@@ -30,20 +30,23 @@ from typing import Any, Literal
 import yaml
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "EvalError",
     "EvalExample",
+    "ExamplesFile",
     "ModelScore",
     "examples_path",
     "format_scores",
     "load_examples",
+    "load_examples_file",
     "never_answered",
     "score_model",
 ]
 
 Expectation = Literal["notify", "skip"]
+Split = Literal["tune", "test"]
 
 
 class EvalError(ValueError):
@@ -64,6 +67,10 @@ class EvalExample(BaseModel):
     changed_columns: list[str] | None = None
     url: str | None = None
     expect: Expectation
+    # Why a person labelled it so, in one line (the repository's evals/ give one each).
+    reason: str | None = None
+    # tune: a prompt may be tuned on it; test: held out, scores are reported on it.
+    split: Split | None = None
 
     def change(self, watch: str) -> ChangeForJudge:
         """The change as the judge sees it; changed columns default to those that differ."""
@@ -87,11 +94,25 @@ class EvalExample(BaseModel):
         return self.name or f"example {index + 1}"
 
 
-class _ExamplesFile(BaseModel):
+class ExamplesFile(BaseModel):
+    """An examples file: the changes, and what they were labelled against."""
+
     model_config = ConfigDict(extra="forbid")
 
     watch: str | None = None
+    # The judge condition (its prompt text) the examples were labelled against.
+    condition: str | None = Field(default=None, min_length=3)
+    # The source name the examples' changes come from, unless an example names its own.
+    source: str | None = None
     examples: list[EvalExample] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _source_of_examples(self) -> ExamplesFile:
+        if self.source is not None:
+            for example in self.examples:
+                if "source" not in example.model_fields_set:
+                    example.source = self.source
+        return self
 
 
 def examples_path(config_file: Path, watch: str) -> Path:
@@ -104,6 +125,11 @@ def examples_path(config_file: Path, watch: str) -> Path:
 
 
 def load_examples(path: Path) -> list[EvalExample]:
+    """The examples of an examples file (see ``load_examples_file``)."""
+    return load_examples_file(path).examples
+
+
+def load_examples_file(path: Path) -> ExamplesFile:
     """Read an examples file; ``EvalError`` names the file (and example) on any problem."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -112,7 +138,7 @@ def load_examples(path: Path) -> list[EvalExample]:
     except yaml.YAMLError as error:
         raise EvalError(f"{path}: not valid YAML: {error}") from None
     try:
-        return _ExamplesFile.model_validate(data).examples
+        return ExamplesFile.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
