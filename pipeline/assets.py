@@ -3,8 +3,12 @@
 # No `from __future__ import annotations` here: Dagster reads the asset function's annotations
 # at definition time to recognise the context and resource parameters.
 
+import sqlite3
+from collections.abc import Callable
+
 import dagster as dg
 from changewatch.pipeline.freshness import source_freshness
+from changewatch.pipeline.inbox import Inbox, inbox_path
 from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
@@ -63,6 +67,9 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         },
     )
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource):  # yields its events
+        inbox = Inbox(inbox_path()) if source.webhook is not None else None
+        # The webhook deliveries stored before this sync fetches are covered by it.
+        covered = _inbox(context, lambda: inbox.watermark(source.name)) if inbox else 0
         with warehouse.connect() as wh:
             try:
                 stats = run_sync(
@@ -83,6 +90,11 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 )
                 return
             held = held_changes(wh, source)
+        # Only once the rows are committed: a failed sync leaves its deliveries pending.
+        run_id = context.run.run_id
+        consumed = (
+            _inbox(context, lambda: inbox.consume(source.name, covered, by=run_id)) if inbox else 0
+        )
         if stats.drift:
             context.log.warning(
                 f"{source.name}: new payload fields {sorted(stats.drift)} "
@@ -120,6 +132,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 "storm_held": stats.storm_held,
                 "not_modified": stats.not_modified,
                 "schema_drift": _drift(stats),
+                **({"webhook_deliveries": consumed} if inbox else {}),
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -134,6 +147,16 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         )
 
     return _sync
+
+
+def _inbox(context: AssetExecutionContext, call: Callable[[], int]) -> int:
+    """A webhook inbox read or write whose failure only delays: the deliveries stay pending
+    and a later sync covers them; the data of this one is stored either way."""
+    try:
+        return call()
+    except sqlite3.Error as error:
+        context.log.warning(f"webhook inbox: {error}; its deliveries wait for a later sync")
+        return 0
 
 
 def _duplicates(stats: SyncStats, source: SourceConfig) -> str:

@@ -40,6 +40,7 @@ from changewatch.pipeline.watch_assets import (
     evaluation_asset_name,
     notifications_asset,
 )
+from changewatch.pipeline.webhook_sensor import reconciling, webhook_sensor
 
 __all__ = ["BATCH_JOB", "DELIVER_JOB", "build_definitions", "digest_job_name"]
 
@@ -64,6 +65,9 @@ def build_definitions(
     environ = dict(os.environ) if environ is None else environ
     # The backend decides the pools: one for everything on DuckDB, one per asset on PostgreSQL.
     url = warehouse_url(environ)
+    if any(source.webhook for source in config.sources):
+        # Sources with webhooks are polled only to reconcile, more slowly (webhook_sensor.py).
+        config = config.model_copy(update={"sources": [reconciling(s) for s in config.sources]})
     assets = [sync_asset(s, warehouse_url=url) for s in config.sources if not is_fleet(s)]
     # A fleet: one asset partitioned by target (pipeline/fleet.py).
     assets += [a for s in config.sources if is_fleet(s) for a in fleet_assets(s, warehouse_url=url)]
@@ -118,6 +122,8 @@ def build_definitions(
     fleet_only = [j for s in fleets for j in fleet_jobs(s)]
     if fleets:
         sensors.append(fleet_sensor(fleets, [jobs[s.name] for s in fleets] + fleet_only))
+    hooked = [s for s in config.sources if s.webhook is not None]
+    sensors += [webhook_sensor(hooked, jobs)] if hooked else []
     schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
     schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
     schedules += [

@@ -9,12 +9,22 @@ webhook the source is still polled, as reconciliation, every ``reconcile`` inste
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from changewatch.sources.limits import ByteSize
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "PROVIDERS", "WebhookSettings", "webhook_provider"]
+if TYPE_CHECKING:
+    from changewatch.sources.base import SourceBase
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "PROVIDERS",
+    "WebhookSettings",
+    "webhook_problems",
+    "webhook_provider",
+]
 
 # GitHub caps its payloads at 25 MB but issue events are a few KB; a larger body is more likely
 # abuse than news, and the receiver holds a body in memory while it checks the signature.
@@ -86,3 +96,23 @@ def webhook_provider(source_type: str, settings: WebhookSettings) -> str:
     if settings.provider is not None:
         return settings.provider
     return "github" if source_type == "github" else "standard"
+
+
+def webhook_problems(sources: Sequence[SourceBase]) -> list[tuple[tuple, str]]:
+    """What the ``webhook:`` settings of ``sources`` get wrong together: (location, why)."""
+    from changewatch.sources.fleet import is_fleet  # it imports the source types, they this
+
+    problems: list[tuple[tuple, str]] = []
+    paths: dict[str, str] = {}
+    for index, source in enumerate(sources):
+        if source.webhook is None:
+            continue
+        if is_fleet(source):
+            # A fleet's runs name the targets to sync; a delivery would need mapping to one.
+            problems.append((("sources", index, "webhook"), "fleets take no webhooks yet"))
+            continue
+        other = paths.setdefault(source.webhook.path, source.name)
+        if other != source.name:
+            where = ("sources", index, "webhook", "path")
+            problems.append((where, f"source {other!r} receives at {source.webhook.path} already"))
+    return problems
