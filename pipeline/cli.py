@@ -148,6 +148,12 @@ def _parser() -> argparse.ArgumentParser:
     server.add_argument("--host", default="127.0.0.1", help="interface (default: 127.0.0.1)")
     server.add_argument("--port", type=int, default=8090, help="port (default: 8090)")
 
+    hooks = commands.add_parser(
+        "webhooks", help="receive the sources' signed webhooks into the inbox until Ctrl-C"
+    )
+    hooks.add_argument("--host", default="127.0.0.1", help="interface (default: 127.0.0.1)")
+    hooks.add_argument("--port", type=int, default=8088, help="port (default: 8088)")
+
     query = commands.add_parser("sql", help="run one read-only SQL statement on the warehouse")
     query.add_argument("query", help="one SELECT or WITH statement over the warehouse's tables")
     query.add_argument(
@@ -270,6 +276,8 @@ def _run(args: argparse.Namespace) -> int:
         return _feedback(args.notification_id, args.rating, args.note)
     if args.command == "feedback-server":
         return _feedback_server(config, args.host, args.port)
+    if args.command == "webhooks":
+        return _webhooks(config, args.host, args.port)
     return _sync(config, args.sources, silent=args.silent, full=args.full)
 
 
@@ -430,6 +438,34 @@ def _feedback_server(config: ChangewatchConfig, host: str, port: int) -> int:
     return 0
 
 
+def _webhooks(config: ChangewatchConfig, host: str, port: int) -> int:
+    import logging
+
+    from changewatch.pipeline.inbox import Inbox, inbox_path
+    from changewatch.pipeline.receiver import WebhookReceiver
+
+    # A server's log is its output: each delivery stored or refused, one line (never a secret).
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log = logging.getLogger(WebhookReceiver.__module__)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    inbox = Inbox(inbox_path())
+    receiver = WebhookReceiver(config.sources, inbox=inbox, host=host, port=port)
+    paths = ", ".join(f"{r.source} at {path}" for path, r in receiver.routes.items())
+    print(
+        f"receiving webhooks on {receiver.url} ({paths}); inbox {inbox.path.resolve()}", flush=True
+    )
+    try:
+        receiver.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+    finally:
+        receiver.stop()
+    return 0
+
+
 def _prune(config: ChangewatchConfig) -> int:
     from changewatch.pipeline.maintenance import RETENTION_ASSET
     from changewatch.pipeline.runner import instance, materialize
@@ -516,6 +552,16 @@ def summarize(asset: str, meta: dict) -> str:
         if meta.get("storm_held"):
             line += "; CHANGE STORM: its changes are held until `changewatch release`"
         return line
+    if "targets_synced" in meta:  # a fleet's run over several targets (pipeline/fleet.py)
+        return (
+            f"{asset}: {meta['targets_synced']} target(s) synced, {meta['targets_failed']} "
+            f"failed -> {meta['inserted']} inserted, {meta['updated']} updated, "
+            f"{meta['deleted']} deleted, {meta['unchanged']} unchanged"
+        )
+    if "targets" in meta and "added" in meta:  # a query fleet's targets, read in the run
+        return f"{asset}: {meta['targets']} target(s), added: {meta['added'] or 'none'}, " + (
+            f"retired: {meta['retired'] or 'none'}"
+        )
     if "evaluation_failed" in meta:  # see pipeline/watch_assets.py, _failed
         return (
             f"{asset}: FAILED, its changes wait for the next run (other watches went on): "

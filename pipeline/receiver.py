@@ -225,10 +225,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _HTTPServer
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
-        log.info("%s %s -> %s", self.command, urlsplit(self.path).path, code)
+        log.debug("%s %s -> %s", self.command, urlsplit(self.path).path, code)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        log.info(format, *args)
+        log.debug(format, *args)
 
     def _route(self) -> Route | None:
         return self.server.app.routes.get(urlsplit(self.path).path)
