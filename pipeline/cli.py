@@ -552,6 +552,16 @@ def summarize(asset: str, meta: dict) -> str:
         if meta.get("storm_held"):
             line += "; CHANGE STORM: its changes are held until `changewatch release`"
         return line
+    if "targets_synced" in meta:  # a fleet's run over several targets (pipeline/fleet.py)
+        return (
+            f"{asset}: {meta['targets_synced']} target(s) synced, {meta['targets_failed']} "
+            f"failed -> {meta['inserted']} inserted, {meta['updated']} updated, "
+            f"{meta['deleted']} deleted, {meta['unchanged']} unchanged"
+        )
+    if "targets" in meta and "added" in meta:  # a query fleet's targets, read in the run
+        return f"{asset}: {meta['targets']} target(s), added: {meta['added'] or 'none'}, " + (
+            f"retired: {meta['retired'] or 'none'}"
+        )
     if "evaluation_failed" in meta:  # see pipeline/watch_assets.py, _failed
         return (
             f"{asset}: FAILED, its changes wait for the next run (other watches went on): "

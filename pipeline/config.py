@@ -31,6 +31,7 @@ from changewatch.evaluators.templates import template_problems
 from changewatch.pipeline.errors import ConfigError
 from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
+from changewatch.sources.fleet import query_problem
 from changewatch.sources.webhook import webhook_problems
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
@@ -244,6 +245,9 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             value = getattr(source, key)
             if value is not None and not is_valid_cron_string(value):
                 problems.append((("sources", i, key), f"{value!r} is not a valid cron schedule"))
+        # A fleet's targets query reads the file's synced tables only (sources/fleet.py).
+        if (found := query_problem(source, {s.table for s in config.sources})) is not None:
+            problems.append((("sources", i, *found[0]), found[1]))
     problems += webhook_problems(config.sources)
     if not is_valid_cron_string(config.retention.cron):
         problems.append(

@@ -43,11 +43,13 @@ __all__ = [
     "fleet_jobs",
     "fleet_run_assets",
     "fleet_sensor",
+    "match_partitions",
     "is_fleet",
     "partitions_name",
     "resolve_targets",
     "targets_asset_name",
     "targets_job_name",
+    "targets_query",
 ]
 
 FLEET_SENSOR = "sync_fleets"
@@ -234,6 +236,7 @@ def _metadata(
     return {
         "targets_synced": len(synced),
         "targets_failed": len(failed),
+        "failed": "; ".join(f"{t}: {e}" for t, e in failed.items())[:2000],
         **{f: sum(getattr(s, f) for s in synced.values()) for f in figures},
         "targets": dg.MetadataValue.md("\n".join([table, *lines])),
         "warehouse": where,
@@ -419,6 +422,19 @@ def _partitions(
             requests.append(dg.DeleteDynamicPartitionsRequest(name, retired))
         targets[fleet.name] = [t for t in current if t not in set(retired)] + added
     return requests, targets
+
+
+def match_partitions(instance: dg.DagsterInstance, source: SourceBase) -> list[str]:
+    """Make a list fleet's partitions its targets now (a query fleet's are its last run's);
+    return them in Dagster's order. For runs started outside the sensor (the CLI)."""
+    requests, targets = _partitions(instance, [source])
+    for request in requests:
+        if isinstance(request, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        else:
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+    return targets[source.name]
 
 
 def _fleet_run(

@@ -11,6 +11,14 @@ import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.errors import RunFailed
+from changewatch.pipeline.fleet import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    is_fleet,
+    match_partitions,
+    targets_job_name,
+    targets_query,
+)
 from changewatch.pipeline.locations import (
     DAGSTER_HOME_ENV,
     dagster_home,
@@ -98,13 +106,35 @@ def sync_source(
     tags: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run the source's own job (sync, its watches, delivery), as the sensor would: the run
-    is recorded under the job's name, so the UI lists it with the sensor's runs."""
-    return run_job(
+    is recorded under the job's name, so the UI lists it with the sensor's runs. A fleet's
+    run covers every target (see ``fleet_range``)."""
+    found: dict[str, dict[str, Any]] = {}
+    extra: dict[str, str] = {}
+    if is_fleet(config.source(source)):
+        extra, found = fleet_range(config, config.source(source), dagster_instance)
+        if not extra:
+            return found  # a query that gave no target: nothing to sync
+    return found | run_job(
         config,
         sync_job_name(config.source(source)),
         dagster_instance,
-        tags={**sync_tags([source]), **(tags or {})},
+        tags={**sync_tags([source]), **extra, **(tags or {})},
     )
+
+
+def fleet_range(
+    config: ChangewatchConfig, source: Any, dagster_instance: dg.DagsterInstance
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """The run tags spanning every target of fleet ``source`` (none: it has no target), and
+    what a query fleet's targets job did: a list fleet's partitions are made to match the
+    file first, a query fleet's targets read by its targets job (pipeline/fleet.py)."""
+    found: dict[str, dict[str, Any]] = {}
+    if targets_query(source) is not None:
+        found = run_job(config, targets_job_name(source), dagster_instance)
+    targets = match_partitions(dagster_instance, source)
+    if not targets:
+        return {}, found
+    return {RANGE_START_TAG: targets[0], RANGE_END_TAG: targets[-1]}, found
 
 
 def run_job(
@@ -163,7 +193,16 @@ def _metadata(result: dg.ExecuteInProcessResult) -> dict[str, dict[str, Any]]:
             "run", "Dagster reports a failure (see the run in the UI)", results=found, trace=""
         )
     _raise_failed_watches(found)
+    _raise_failed_targets(found)
     return found
+
+
+def _raise_failed_targets(found: dict[str, dict[str, Any]]) -> None:
+    """``RunFailed`` naming a fleet's targets that failed in a run that stored the others."""
+    for asset, meta in found.items():
+        if meta.get("targets_failed"):
+            message = f"{meta['failed']}; the other targets were stored and evaluated"
+            raise RunFailed(asset, message, results=found, trace="")
 
 
 def _raise_failed_watches(found: dict[str, dict[str, Any]]) -> None:

@@ -18,7 +18,7 @@ from changewatch.sources.base import SourceBase, TargetScope
 from changewatch.sources.github.config import GitHubSourceConfig
 from changewatch.sources.probe import ProbeRequest
 from changewatch.sources.rest.config import RestSourceConfig
-from changewatch.sources.targets import fill_target
+from changewatch.sources.targets import fill_target, query_tables
 
 __all__ = [
     "fleet_probe_requests",
@@ -26,6 +26,7 @@ __all__ = [
     "listed_targets",
     "member",
     "member_name",
+    "query_problem",
     "target_column",
     "targets_query",
 ]
@@ -58,6 +59,28 @@ def targets_query(config: SourceBase) -> str | None:
         return config.for_each.query
     if isinstance(config, GitHubSourceConfig):
         return config.repos_query
+    return None
+
+
+def query_problem(config: SourceBase, tables: set[str]) -> tuple[tuple, str] | None:
+    """Where and why a fleet's targets query reads a table no source of the file writes (or
+    the fleet's own), or None. ``tables``: the file's source tables.
+
+    >>> from changewatch.sources.github import GitHubSourceConfig
+    >>> fleet = GitHubSourceConfig.model_validate({"name": "gh", "type": "github",
+    ...     "table": "gh_issues", "repos_query": "SELECT full_name FROM org_repo"})
+    >>> query_problem(fleet, {"org_repos", "gh_issues"})
+    (('repos_query',), "table 'org_repo' is no source's table (sources write: org_repos)")
+    """
+    query = targets_query(config)
+    if query is None:
+        return None
+    where = ("repos_query",) if isinstance(config, GitHubSourceConfig) else ("for_each", "query")
+    readable = tables - {config.table}
+    for table in query_tables(query):
+        if table not in readable and table.removesuffix("_changes") not in readable:
+            known = ", ".join(sorted(readable)) or "none"
+            return where, f"table {table!r} is no source's table (sources write: {known})"
     return None
 
 

@@ -13,7 +13,9 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.cli import summarize
 from changewatch.pipeline.config import load_config
+from changewatch.pipeline.errors import ConfigError, RunFailed
 from changewatch.pipeline.fleet import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -22,6 +24,7 @@ from changewatch.pipeline.fleet import (
     fleet_sensor,
 )
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.runner import sync_source
 from changewatch.pipeline.sensors import TRIGGER_TAG
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
@@ -198,3 +201,84 @@ def test_partitions_follow_the_file_and_a_change_asks_a_run_of_its_target(
 
 
 FLEET_KEY = dg.AssetKey("team_issues")
+
+
+def org_repos(base_url: str) -> dict[str, Any]:
+    """The organization's repository listing, synced like any source."""
+    return {
+        "name": "org_repos",
+        "type": "rest",
+        "table": "org_repos",
+        "base_url": base_url,
+        "path": "/orgs/acme/repos",
+        "primary_key": "full_name",
+        "columns": {"full_name": "text", "issues": "bigint"},
+    }
+
+
+def test_a_query_fleet_reads_its_targets_in_a_run_and_retires_those_that_go(
+    tmp_path: Path,
+    api: DemoAPIServer,
+    instance: dg.DagsterInstance,
+    warehouse_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    query = "SELECT full_name FROM org_repos WHERE issues > 0 ORDER BY full_name"
+    path = write(tmp_path, [org_repos(api.url), fleet(api.url, query=query)])
+    sensor = Sensor(path, instance, {WAREHOUSE_URL_ENV: warehouse_url})
+    # No partition yet, and the sensor never reads the warehouse: it asks the targets job.
+    [request] = sensor.tick()
+    assert request.job_name == "resolve_team_targets" and sensor.partitions() == []
+
+    run = sensor.defs.resolve_job_def
+    assert run("sync_org_repos").execute_in_process(instance=instance).success
+    assert run(request.job_name).execute_in_process(instance=instance).success
+    assert sensor.partitions() == REPOS
+    [request] = sensor.tick(START + INTERVAL)  # each target's first probe: both due
+    assert (request.tags[RANGE_START_TAG], request.tags[RANGE_END_TAG]) == tuple(REPOS)
+    assert run("sync_team").execute_in_process(instance=instance, tags=request.tags).success
+    assert count(warehouse_url, ROWS) == {"acme/a": 12, "acme/b": 8}
+
+    # acme/b leaves the organization: the fleet's next run reads the query again and retires
+    # its partition; its rows stay (history), nothing syncs it any more.
+    del api.trackers["acme/b"]
+    assert run("sync_org_repos").execute_in_process(instance=instance).success
+    done = run("sync_team").execute_in_process(instance=instance, partition_key="acme/a")
+    assert done.success and sensor.partitions() == ["acme/a"]
+    assert count(warehouse_url, ROWS) == {"acme/a": 12, "acme/b": 8}
+
+
+def test_a_targets_query_over_a_table_no_source_writes_is_refused_at_load(
+    tmp_path: Path, api: DemoAPIServer
+) -> None:
+    path = write(tmp_path, [fleet(api.url, query="SELECT full_name FROM org_repo")])
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    [line] = str(refused.value).splitlines()
+    assert "sources[0].for_each.query" in line
+    assert "table 'org_repo' is no source's table" in line
+
+
+def test_changewatch_sync_of_a_fleet_syncs_every_target_and_names_the_failed_one(
+    tmp_path: Path,
+    api: DemoAPIServer,
+    instance: dg.DagsterInstance,
+    warehouse_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    config = load_config(write(tmp_path, [fleet(api.url, values=[*REPOS, "acme/gone"])]))
+    with pytest.raises(RunFailed) as failed:
+        sync_source(config, "team", instance)  # what `changewatch sync team` runs
+    assert str(failed.value).startswith(
+        "team_issues failed: acme/gone: FetchError: team[acme/gone]"
+    )
+    assert "the other targets were stored and evaluated" in str(failed.value)
+    line = summarize("team_issues", failed.value.results["team_issues"])
+    assert line == (
+        "team_issues: 2 target(s) synced, 1 failed -> 20 inserted, 0 updated, 0 deleted, "
+        "0 unchanged"
+    )
+    assert instance.get_dynamic_partitions("team_targets") == [*REPOS, "acme/gone"]
+    assert count(warehouse_url, ROWS) == {"acme/a": 12, "acme/b": 8}
