@@ -314,7 +314,7 @@ def compose() -> dict:
 
 def test_compose_runs_the_documented_processes_on_one_postgres():
     services = compose()["services"]
-    assert set(services) == {"postgres", "init", "code", "webserver", "daemon"}
+    assert set(services) == {"postgres", "init", "code", "webserver", "daemon", "webhooks"}
     # Each changewatch service runs one documented command, in the documented order.
     assert [services[name]["command"] for name in ("init", "code", "webserver", "daemon")] == (
         documented_commands()
@@ -341,7 +341,7 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
     owner, reader, warehouse_db = names["owner"], names["reader"], names["warehouse_db"]
     dagster_db, schema = names["dagster_db"], names["schema"]
     code_port = services["code"]["command"][services["code"]["command"].index("-p") + 1]
-    for name in ("init", "code", "webserver", "daemon"):
+    for name in ("init", "code", "webserver", "daemon", "webhooks"):
         service = services[name]
         env = service["environment"]
         # One image, one DAGSTER_HOME holding deploy/dagster.yaml and workspace.yaml.
@@ -367,6 +367,13 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
         assert watches.endswith(f":{env['CHANGEWATCH_CONFIG']}:ro"), name
         assert outputs == "outputs:/opt/changewatch/.changewatch", name
     assert "outputs" in compose()["volumes"]
+    # The webhook receiver writes the inbox the code server's sensor and runs read: a file in
+    # the volume both mount.
+    inbox = services["webhooks"]["environment"]["CHANGEWATCH_WEBHOOK_INBOX"]
+    assert inbox == services["code"]["environment"]["CHANGEWATCH_WEBHOOK_INBOX"]
+    assert inbox.startswith("/opt/changewatch/.changewatch/")
+    assert services["webhooks"]["command"][:2] == ["changewatch", "webhooks"]
+    assert services["webhooks"]["ports"] == ["127.0.0.1:8088:8088"]
     assert services["code"]["depends_on"] == {
         "init": {"condition": "service_completed_successfully"}
     }
