@@ -105,6 +105,13 @@ class Inbox:
             rows = con.execute(load("select_webhook_inbox_pending"), (after, limit)).fetchall()
         return [Pending(*row) for row in rows]
 
+    def last_seq(self) -> int:
+        """The highest seq this file ever gave (0 for a new file), pruned deliveries included."""
+        if not self.path.exists():
+            return 0
+        with self._connect() as con:
+            return con.execute(load("select_webhook_inbox_last_seq")).fetchone()[0]
+
     def watermark(self, source: str) -> int:
         """The seq of ``source``'s last delivery so far (0 for none): a sync that begins
         fetching after this call covers every delivery up to it."""

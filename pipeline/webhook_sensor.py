@@ -105,8 +105,13 @@ def webhook_sensor(
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        store = inbox()
         after = int(context.cursor or 0)
-        pending = inbox().pending(after=after)
+        if after > store.last_seq():
+            # The inbox file was replaced (deleted, restored): its seqs start again.
+            context.log.warning("the webhook inbox %s is new: reading it from the start", store)
+            after = 0
+        pending = store.pending(after=after)
         requests, unknown = webhook_requests(pending, names)
         if unknown:
             context.log.warning(

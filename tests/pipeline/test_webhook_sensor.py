@@ -245,3 +245,22 @@ def test_webhook_settings_are_checked_when_the_file_loads(tmp_path: Path) -> Non
     assert str(error.value).endswith(
         "sources[1].webhook.path: source 'one' receives at /hooks/same already"
     )
+
+
+def test_a_replaced_inbox_file_is_read_from_its_start(
+    tmp_path: Path, demo_api: DemoAPIServer, monkeypatch: pytest.MonkeyPatch, instance
+) -> None:
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    monkeypatch.setenv(INBOX_ENV, str(tmp_path / "inbox.sqlite"))
+    defs = build_definitions(load_config(write_config(tmp_path, demo_api.url)), environ={})
+    inbox = Inbox(tmp_path / "inbox.sqlite")
+    for delivery in ("a", "b", "c"):
+        inbox.put("alpha", delivery, provider="github", event="issues", body=b"{}")
+    first = tick(defs, instance)
+    assert first.cursor == "3" and len(first.run_requests) == 1
+    # Someone deletes the file; the next delivery is seq 1 of a new one.
+    for path in tmp_path.glob("inbox.sqlite*"):
+        path.unlink()
+    inbox.put("alpha", "d", provider="github", event="issues", body=b"{}")
+    [request] = tick(defs, instance, first.cursor).run_requests
+    assert request.tags[DELIVERIES_TAG] == "1" and request.run_key != first.run_requests[0].run_key
