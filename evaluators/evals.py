@@ -1,48 +1,46 @@
-"""The eval harness: a watch's judge scored against labelled examples, model by model.
+"""Examples files: labelled changes a judge is scored against (``changewatch eval``).
 
-An examples file (``evals/<watch>.yaml`` next to the watches file) lists changes with the
-answer a person expects::
+An examples file (``evals/<watch>.yaml`` next to the watches file, or any file named with
+``--examples``) lists changes with the answer a person expects, and may name the condition
+they were labelled against and the source they come from::
 
+    condition: The issue was closed without a fix being merged.
+    source: demo_issues
     examples:
       - name: closed as duplicate of an open issue
         kind: update
         old: {state: open, title: Login fails}
         new: {state: closed, title: Login fails, state_reason: duplicate}
         expect: notify
+        reason: The duplicate's original is still open, so nothing was fixed.
+        split: tune
       - old: {state: open}
         new: {state: closed, state_reason: completed}
         expect: skip
 
-Each example goes to the watch's judge exactly as a real change would (same prompt, same
-``min_confidence``), once per model asked for, and never through the verdict cache: an eval
-measures the model. The watch's SQL filter is not applied; examples stand for changes that
-already passed it.
+``split`` keeps prompt tuning honest: tune a prompt on the ``tune`` examples only and report
+scores on the held-out ``test`` ones (``changewatch eval --split test``). Judging them is
+evaluators/eval_run.py's job, scoring evaluators/eval_report.py's.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from changewatch.evaluators.config import Watch
-from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome
+from changewatch.evaluators.judge import ChangeForJudge
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "EvalError",
     "EvalExample",
     "ExamplesFile",
-    "ModelScore",
+    "example_files",
     "examples_path",
-    "format_scores",
     "load_examples",
     "load_examples_file",
-    "never_answered",
-    "score_model",
 ]
 
 Expectation = Literal["notify", "skip"]
@@ -145,136 +143,20 @@ def load_examples_file(path: Path) -> ExamplesFile:
         raise EvalError(f"{path}: {where}: {first['msg']}") from None
 
 
-@dataclass
-class ModelScore:
-    """How one model's judgements compare with the expected answers."""
+def example_files(paths: Sequence[Path]) -> list[Path]:
+    """The examples files ``paths`` name: each a file, or a folder of ``*.yaml`` files.
 
-    model: str
-    true_positive: int = 0
-    false_positive: int = 0
-    false_negative: int = 0
-    true_negative: int = 0
-    unanswered: int = 0  # the judge gave no verdict (unreachable, invalid answers)
-    calls: int = 0  # requests sent, retries included
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latencies_ms: list[int] = field(default_factory=list)
-    misses: list[str] = field(default_factory=list)  # one line per disagreement
-    endpoint: str = ""  # the model server's URL, without credentials
-    last_error: str | None = None  # why the latest unanswered example got no verdict
-
-    @property
-    def examples(self) -> int:
-        return (
-            self.true_positive
-            + self.false_positive
-            + self.false_negative
-            + self.true_negative
-            + self.unanswered
-        )
-
-    @property
-    def precision(self) -> float | None:
-        """Of the changes it would notify about, the share a person wanted."""
-        flagged = self.true_positive + self.false_positive
-        return self.true_positive / flagged if flagged else None
-
-    @property
-    def recall(self) -> float | None:
-        """Of the changes a person wanted, the share it would notify about."""
-        wanted = self.true_positive + self.false_negative
-        return self.true_positive / wanted if wanted else None
-
-    @property
-    def agreement(self) -> float:
-        """The share of examples answered as expected (no answer counts as a disagreement)."""
-        return (self.true_positive + self.true_negative) / self.examples if self.examples else 0.0
-
-    def record(self, label: str, expected: Expectation, outcome: JudgeOutcome) -> None:
-        self.calls += outcome.attempts
-        self.prompt_tokens += outcome.prompt_tokens
-        self.completion_tokens += outcome.completion_tokens
-        self.latencies_ms.append(outcome.latency_ms)
-        if outcome.verdict is None:
-            self.unanswered += 1
-            self.last_error = outcome.error
-            self.misses.append(f"{label}: expected {expected}, no answer ({outcome.error})")
-            return
-        notify = outcome.notify
-        if expected == "notify":
-            self.true_positive += notify
-            self.false_negative += not notify
+    ``EvalError`` names a path that is neither, or a folder without examples files.
+    """
+    files = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(path.glob("*.yaml"))
+            if not found:
+                raise EvalError(f"{path}: no examples files (*.yaml) in this folder")
+            files += found
+        elif path.is_file():
+            files.append(path)
         else:
-            self.false_positive += notify
-            self.true_negative += not notify
-        if notify != (expected == "notify"):
-            got = "notify" if notify else "skip"
-            verdict = outcome.verdict
-            self.misses.append(
-                f"{label}: expected {expected}, got {got} "
-                f"(confidence {verdict.confidence:.2f}): {verdict.reasoning}"
-            )
-
-
-def score_model(
-    watch: Watch,
-    examples: Sequence[EvalExample],
-    model: str | None = None,
-    *,
-    make_judge: Callable[..., Judge] = Judge,
-) -> ModelScore:
-    """Judge every example with ``watch``'s judge (its model, or ``model``) and score it."""
-    if watch.judge is None:
-        raise EvalError(f"watch {watch.name!r} has no judge to evaluate")
-    config = watch.judge if model is None else watch.judge.model_copy(update={"model": model})
-    score = ModelScore(model=config.model)
-    with make_judge(config) as judge:
-        score.endpoint = judge.url
-        for index, example in enumerate(examples):
-            outcome = judge.evaluate(example.change(watch.name))
-            score.record(example.label(index), example.expect, outcome)
-    return score
-
-
-def never_answered(scores: Iterable[ModelScore]) -> list[str]:
-    """A line for each model that answered none of its examples: its score measures nothing.
-
-    >>> lost = ModelScore("m", unanswered=2, endpoint="http://h:1/v1", last_error="timed out")
-    >>> never_answered([lost, ModelScore("n", true_positive=1)])
-    ["model 'm' at http://h:1/v1 never answered (2 example(s)): timed out"]
-    """
-    return [
-        f"model {s.model!r} at {s.endpoint or 'its default endpoint'} never answered "
-        f"({s.unanswered} example(s)): {s.last_error}"
-        for s in scores
-        if s.examples and s.unanswered == s.examples
-    ]
-
-
-def _share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def format_scores(scores: Iterable[ModelScore]) -> str:
-    """A table of the scores, one model per row, then each model's disagreements.
-
-    >>> score = ModelScore("m", true_positive=3, false_positive=1, true_negative=4, calls=8)
-    >>> print(format_scores([score]).splitlines()[1])
-    m            8       0.75   1.00      0.88       8       0            -
-    """
-    scores = list(scores)
-    width = max([5] + [len(s.model) for s in scores])
-    header = (
-        f"{'model':<{width}} {'examples':>8} {'precision':>10} {'recall':>6} "
-        f"{'agreement':>9} {'calls':>7} {'tokens':>7} {'p50 latency':>12}"
-    )
-    rows, notes = [header], []
-    for s in scores:
-        latency = f"{statistics.median(s.latencies_ms):.0f} ms" if s.latencies_ms else "-"
-        rows.append(
-            f"{s.model:<{width}} {s.examples:>8} {_share(s.precision):>10} {_share(s.recall):>6} "
-            f"{s.agreement:>9.2f} {s.calls:>7} {s.prompt_tokens + s.completion_tokens:>7} "
-            f"{latency:>12}"
-        )
-        notes += [f"{s.model}: {miss}" for miss in s.misses]
-    return "\n".join(rows + ([""] + notes if notes else []))
+            raise EvalError(f"{path}: cannot read the examples file: No such file or directory")
+    return files

@@ -89,6 +89,12 @@ _MAX_MESSAGE_CHARS = 200
 _PARSE_ERRORS = (ValidationError, json.JSONDecodeError, ResponseParsingError, AsyncValidationError)
 
 
+# server: the model server failed (connection, timeout, 5xx, rate limit, authentication);
+# change: this change's own request was refused (too long, invalid: HTTP 400, 413, 422);
+# answer: the model answered, but no valid verdict (invalid JSON or fields, cut off).
+Fault = Literal["server", "change", "answer"]
+
+
 class JudgeConfigError(RuntimeError):
     """The judge cannot be set up (e.g. its API key variable is unset)."""
 
@@ -147,6 +153,8 @@ class JudgeOutcome:
     attempts: int  # requests sent (validation re-asks and transient retries included)
     min_confidence: float = 0.5
     unreachable: bool = False  # no connection to the model server at all
+    # Whose problem a failed judgement was (None when there is a verdict), see ``_fault``.
+    fault: Fault | None = None
 
     @property
     def notify(self) -> bool:
@@ -385,6 +393,16 @@ def _describe(exc: BaseException, config: JudgeConfig, attempts: int) -> str:
     return f"{type(exc).__name__} after {tries}"
 
 
+def _fault(exc: BaseException) -> Fault:
+    """Whose problem a failed judgement was. Only the server's would fail the next change
+    the same way; a change too long or an answer invalid is that change's own."""
+    if isinstance(exc, (IncompleteOutputException, *_PARSE_ERRORS)):
+        return "answer"
+    if isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 413, 422):
+        return "change"
+    return "server"
+
+
 def _root_cause(exc: BaseException) -> BaseException:
     """The error behind instructor's wrapper.
 
@@ -479,6 +497,7 @@ class Judge:
 
         verdict: Verdict | None = None
         error: str | None = None
+        fault: Fault | None = None
         unreachable = False
         start = time.perf_counter()
         try:
@@ -505,6 +524,7 @@ class Judge:
             ):
                 raise  # a bug, not an unavailable judge
             error = _describe(cause, config, counts["attempts"])
+            fault = _fault(cause)
             # A timeout reached the server; a connection error did not.
             unreachable = isinstance(cause, openai.APIConnectionError) and not isinstance(
                 cause, openai.APITimeoutError
@@ -521,4 +541,5 @@ class Judge:
             attempts=counts["attempts"],
             min_confidence=config.min_confidence,
             unreachable=unreachable,
+            fault=fault,
         )

@@ -112,28 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--where", help="the filter to try instead of the watch's")
     replay.add_argument("--condition", help="the judge condition to try instead of the watch's")
 
-    evals = commands.add_parser(
-        "eval", help="score a watch's judge against labelled examples, model by model"
-    )
-    evals.add_argument("watch", help="the watch's name in the watches file")
-    evals.add_argument(
-        "--model",
-        action="append",
-        help="a model to score (repeat for several; default: the watch's own)",
-    )
-    evals.add_argument(
-        "--examples", help="the examples file (default: evals/<watch>.yaml beside the config)"
-    )
-    evals.add_argument(
-        "--min-agreement",
-        type=float,
-        help="exit 1 when any model agrees with fewer than this share of the examples",
-    )
-    evals.add_argument(
-        "--export-feedback",
-        action="store_true",
-        help="print the watch's rated notifications as an examples file instead",
-    )
+    from changewatch.pipeline import eval_command
+
+    eval_command.add_parser(commands)
 
     feedback = commands.add_parser(
         "feedback", help="rate a notification useful or noise (exported as eval examples)"
@@ -255,6 +236,10 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(args)
     if args.command == "info":
         return _info(args.config)
+    if args.command == "eval":  # loads the watches file only when it scores a watch's judge
+        from changewatch.pipeline import eval_command
+
+        return eval_command.run(args)
     from changewatch.pipeline.config import load_config
 
     config = load_config(args.config)
@@ -270,8 +255,6 @@ def _run(args: argparse.Namespace) -> int:
         return _explain(config, args.watch, args.key)
     if args.command == "replay":
         return _replay(config, args)
-    if args.command == "eval":
-        return _eval(config, args)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
     if args.command == "feedback-server":
@@ -359,48 +342,6 @@ def _replay(config: ChangewatchConfig, args: argparse.Namespace) -> int:
             judge.close()
     print(format_replay(watch, since, result))
     return 0
-
-
-def _eval(config: ChangewatchConfig, args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from changewatch.evaluators.evals import (
-        examples_path,
-        format_scores,
-        load_examples,
-        never_answered,
-        score_model,
-    )
-    from changewatch.pipeline.config import config_path
-
-    _known("watch", args.watch, [w.name for w in config.watches])
-    watch = config.watch(args.watch)
-    if args.export_feedback:
-        from changewatch.evaluators.feedback import examples_yaml, export_examples
-        from changewatch.warehouse import connect
-
-        with connect() as wh:
-            print(examples_yaml(watch.name, export_examples(wh, watch.name)), end="")
-        return 0
-    if watch.judge is None:
-        raise UsageError(f"watch {watch.name!r} has no judge: there is nothing to evaluate")
-    path = (
-        Path(args.examples)
-        if args.examples
-        else examples_path(config_path(args.config), watch.name)
-    )
-    examples = load_examples(path)
-    scores = [score_model(watch, examples, model) for model in (args.model or [None])]
-    print(f"{watch.name}: {len(examples)} example(s) from {path}")
-    print(format_scores(scores))
-    # A model that never answered scored nothing: that is a failure, whatever the threshold.
-    silent = never_answered(scores)
-    for line in silent:
-        print(f"changewatch: {line}", file=sys.stderr)
-    if args.min_agreement is not None and any(s.agreement < args.min_agreement for s in scores):
-        print(f"changewatch: agreement below {args.min_agreement:.2f}", file=sys.stderr)
-        return 1
-    return 1 if silent else 0
 
 
 def _feedback(notification_id: str, rating: str, note: str | None) -> int:

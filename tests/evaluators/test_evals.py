@@ -1,5 +1,6 @@
 """The eval harness and feedback: real judge calls over a loopback OpenAI-compatible server,
-feedback stored in real warehouses and exported as examples."""
+results written to a real file and scored from it, feedback stored in real warehouses and
+exported as examples."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from typing import Any
 import pytest
 import yaml
 from changewatch.evaluators.config import Watch
-from changewatch.evaluators.evals import EvalError, format_scores, load_examples, score_model
+from changewatch.evaluators.eval_report import format_report, never_answered, report
+from changewatch.evaluators.eval_results import ResultsWriter, read_results
+from changewatch.evaluators.eval_run import STOP_AFTER, EvalSet, run_eval
+from changewatch.evaluators.evals import EvalError, load_examples
 from changewatch.evaluators.feedback import (
     FeedbackError,
     examples_yaml,
@@ -45,6 +49,13 @@ examples:
 """
 
 sharp = label_judge("security")
+SKIP = {
+    "reasoning": "Not about security.",
+    "should_notify": False,
+    "urgency": "low",
+    "summary": "A feature.",
+    "confidence": 0.9,
+}
 
 
 def two_models(request: Request) -> Reply:
@@ -89,48 +100,124 @@ def examples(tmp_path: Path):
     return load_examples(path)
 
 
-def test_scores_each_model_against_the_labels(examples) -> None:
+def run(w: Watch, examples, results: Path, *models: str | None, **options: Any):
+    """Judge ``examples`` with ``w``'s judge per model, then read back and score the results."""
+    eval_set = EvalSet(name="security", watch=w.name, judge=w.judge, examples=examples)
+    with ResultsWriter(results, resume=options.pop("resume", False)) as writer:
+        stopped = run_eval([eval_set], list(models) or [None], writer, **options)
+    written = read_results(results)
+    return stopped, written, report(written)
+
+
+def test_scores_each_model_per_condition_from_its_results(examples, tmp_path: Path) -> None:
+    results = tmp_path / "results.jsonl"
+    with FakeOpenAIServer(respond=two_models) as llm:
+        stopped, written, models = run(watch(llm.base_url), examples, results, "sharp", "eager")
+        asked = [r.body["model"] for r in llm.requests]
+    assert asked == ["sharp"] * 4 + ["eager"] * 4 and stopped == []
+    # One line per judgement, as it was judged.
+    assert len(results.read_text().splitlines()) == 8
+    assert [(r.model, r.example, r.got) for r in written[:4]] == [
+        ("sharp", "token leak", "notify"),
+        ("sharp", "new security issue", "notify"),
+        ("sharp", "typo", "skip"),
+        ("sharp", "feature", "skip"),
+    ]
+    assert {r.endpoint for r in written} == {llm.base_url}
+
+    sharp, eager = models
+    assert list(sharp["conditions"]) == ["security", "all"]
+    perfect = sharp["conditions"]["all"]
+    assert (perfect["precision"], perfect["recall"], perfect["f1"]) == (1.0, 1.0, 1.0)
+    assert (perfect["calls"], perfect["tokens"]) == (4, {"prompt": 400, "completion": 80})
+    assert sharp["misses"] == []
+    # Eager flags all four: half of its notifications were wanted, and it missed none.
+    flagged = eager["conditions"]["security"]
+    assert (flagged["precision"], flagged["recall"], flagged["f1"]) == (0.5, 1.0, 0.6667)
+    assert flagged["confusion"] == {
+        "notify": {"notify": 2, "skip": 0, "none": 0},
+        "skip": {"notify": 2, "skip": 0, "none": 0},
+    }
+    assert flagged["tokens"] == {"prompt": 800, "completion": 120}
+    latency = flagged["latency_ms"]
+    assert 0 < latency["p50"] <= latency["p95"]
+    assert [m.split(": ")[1] for m in eager["misses"]] == ["typo", "feature"]
+
+    text = format_report(models).splitlines()
+    assert text[0] == f"model sharp at {llm.base_url}"
+    assert text[2].split()[:7] == ["security", "4", "1.00", "1.00", "1.00", "0", "0"]
+    assert any(line.startswith("  security: typo: expected skip, got notify") for line in text)
+
+
+def test_min_confidence_applies_as_in_evaluation(examples, tmp_path: Path) -> None:
+    with FakeOpenAIServer(respond=two_models) as llm:
+        w = watch(llm.base_url, min_confidence=0.85)
+        _, written, models = run(w, examples, tmp_path / "r.jsonl", "eager")
+    # 0.8 sure is not sure enough: eager notifies about nothing.
+    assert [r.got for r in written] == ["skip"] * 4
+    assert models[0]["conditions"]["all"]["confusion"]["notify"] == {
+        "notify": 0,
+        "skip": 2,
+        "none": 0,
+    }
+
+
+def test_invalid_answers_and_refused_changes_are_counted_apart(examples, tmp_path: Path) -> None:
+    with FakeOpenAIServer() as llm:
+        llm.queue(
+            Reply.text("no"),  # the answer the issue quotes: not a verdict
+            Reply.fail(400, "Requested tokens (5158) exceed context window of 4096"),
+            Reply.text("{}"),
+            Reply.verdict(SKIP),
+        )
+        stopped, written, models = run(watch(llm.base_url), examples, tmp_path / "r.jsonl")
+    assert [r.answer for r in written] == ["invalid", "unanswered", "invalid", "verdict"]
+    assert "exceed context window" in (written[1].error or "")
+    overall = models[0]["conditions"]["all"]
+    assert (overall["invalid"], overall["unanswered"]) == (2, 1)
+    # No verdict counts as not notified: both wanted changes were missed.
+    assert (overall["recall"], overall["precision"]) == (0.0, None)
+    # None of these is the server's fault: the run went on to the end.
+    assert stopped == [] and len(written) == 4
+
+
+def test_a_server_that_keeps_failing_is_not_asked_about_the_rest(examples, tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    stopped, written, models = run(watch("http://127.0.0.1:9/v1"), examples, results)
+    assert len(written) == STOP_AFTER == 3
+    assert {r.answer for r in written} == {"unanswered"}
+    assert stopped == [
+        "model 'sharp' at http://127.0.0.1:9/v1: stopped after 3 failures of its server in a "
+        f"row ({written[-1].error}); the rest was not asked"
+    ]
+    assert never_answered(models, written) == [
+        "model 'sharp' at http://127.0.0.1:9/v1 never answered (3 example(s)): could not "
+        "connect to the model server (after 1 attempt)"
+    ]
+
+
+def test_a_resumed_run_asks_only_what_the_results_lack(examples, tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
     with FakeOpenAIServer(respond=two_models) as llm:
         w = watch(llm.base_url)
-        sharp_score = score_model(w, examples)
-        eager_score = score_model(w, examples, model="eager")
-        models = [r.body["model"] for r in llm.requests]
-    assert models == ["sharp"] * 4 + ["eager"] * 4
-
-    assert (sharp_score.precision, sharp_score.recall, sharp_score.agreement) == (1.0, 1.0, 1.0)
-    assert sharp_score.misses == []
-    assert (sharp_score.calls, sharp_score.prompt_tokens, sharp_score.completion_tokens) == (
-        4,
-        400,
-        80,
-    )
-    # Eager flags all four: half of its notifications were wanted, and it missed none.
-    assert (eager_score.precision, eager_score.recall, eager_score.agreement) == (0.5, 1.0, 0.5)
-    assert eager_score.prompt_tokens + eager_score.completion_tokens == 4 * 230
-    assert [m.split(":")[0] for m in eager_score.misses] == ["typo", "feature"]
-
-    table = format_scores([sharp_score, eager_score]).splitlines()
-    assert table[0].split() == [
-        "model", "examples", "precision", "recall", "agreement", "calls", "tokens", "p50",
-        "latency",
-    ]  # fmt: skip
-    assert table[1].split()[:7] == ["sharp", "4", "1.00", "1.00", "1.00", "4", "480"]
-    assert table[2].split()[:7] == ["eager", "4", "0.50", "1.00", "0.50", "4", "920"]
-    assert table[4].startswith("eager: typo: expected skip, got notify")
-
-
-def test_min_confidence_applies_as_in_evaluation(examples) -> None:
+        run(w, examples[:2], results, "sharp")
+        # A run killed while writing leaves its last line cut: it is dropped, and asked again.
+        with results.open("a") as file:
+            file.write('{"model": "sharp", "condit')
+        assert len(read_results(results)) == 2
+        _, written, _ = run(w, examples, results, "sharp", resume=True, done=_keys(results))
+        assert len(llm.requests) == 4
+    assert [r.example for r in written] == ["token leak", "new security issue", "typo", "feature"]
+    # An edited condition is a different question: none of the results count for it.
     with FakeOpenAIServer(respond=two_models) as llm:
-        score = score_model(watch(llm.base_url, min_confidence=0.85), examples, model="eager")
-    # 0.8 sure is not sure enough: eager notifies about nothing.
-    assert (score.true_positive, score.false_negative, score.true_negative) == (0, 2, 2)
+        edited = watch(llm.base_url, condition="The issue leaks a secret.")
+        run(edited, examples, results, "sharp", resume=True, done=_keys(results))
+        assert len(llm.requests) == 4
+    assert len(read_results(results)) == 8
 
 
-def test_an_unreachable_model_answers_nothing_and_agrees_with_nothing(examples) -> None:
-    score = score_model(watch("http://127.0.0.1:9/v1"), examples)
-    assert score.unanswered == 4 and score.agreement == 0.0
-    assert score.precision is None and score.recall is None
-    assert "no answer" in score.misses[0]
+def _keys(results: Path) -> set[tuple[str, str, str, str]]:
+    return {r.key for r in read_results(results)}
 
 
 def test_a_bad_examples_file_names_file_and_place(tmp_path: Path) -> None:

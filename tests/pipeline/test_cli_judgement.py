@@ -105,9 +105,10 @@ def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
     lines = done.stdout.splitlines()
     assert lines[0].startswith("security_review: 3 example(s) from ")
     # The watch's model notified about the one rated noise; eager also about the dark mode.
-    assert lines[2].split()[:6] == ["watch-model", "3", "0.50", "1.00", "0.67", "3"]
-    assert lines[3].split()[:6] == ["eager", "3", "0.33", "1.00", "0.33", "3"]
-    assert any(line.startswith("eager: ") and "old news" in line for line in lines)
+    overall = [line.split()[:5] for line in lines if line.startswith("all ")]
+    assert overall == [["all", "3", "0.50", "1.00", "0.67"], ["all", "3", "0.33", "1.00", "0.50"]]
+    assert any("old news" in line and "expected skip, got notify" in line for line in lines)
+    assert (cwd / ".changewatch" / "eval-results.jsonl").read_text().count("\n") == 6
 
     # Replay: the same condition is all cache and changes nothing; an edit is judged anew.
     done = run_cli("replay", "security_review", cwd=cwd, **env)
@@ -124,7 +125,7 @@ def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
     done = run_cli("eval", "security_review", "--model", "eager", "--min-agreement", "0.9",
                    cwd=cwd, **env)  # fmt: skip
     assert done.returncode == 1
-    assert done.stderr.strip() == "changewatch: agreement below 0.90"
+    assert done.stderr.strip() == "changewatch: model 'eager': agreement 0.33 is below 0.90"
 
 
 def test_unknown_watch_or_a_watch_without_a_judge_is_one_line(tmp_path: Path) -> None:
