@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from changewatch.sources.base import Duration, EnvVarName, Identifier
+from changewatch.sources.polling import StopConditions
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "Watch"]
@@ -95,6 +96,8 @@ class Watch(_Model):
     # Flap suppression: a notification waits this long after its change was detected, and is
     # not sent if the object came back to where it was meanwhile (see evaluators/debounce.py).
     debounce: Duration | None = None
+    # When the watch stops notifying until `changewatch resume` (sources/polling.py).
+    stop: StopConditions = Field(default_factory=StopConditions)
 
     @model_validator(mode="after")
     def _templates_parse(self) -> Watch:

@@ -32,6 +32,7 @@ from changewatch.pipeline.errors import ConfigError
 from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
 from changewatch.sources.fleet import query_problem
+from changewatch.sources.polling import polling_problems
 from changewatch.sources.webhook import webhook_problems
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
@@ -249,6 +250,7 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
         if (found := query_problem(source, {s.table for s in config.sources})) is not None:
             problems.append((("sources", i, *found[0]), found[1]))
     problems += webhook_problems(config.sources)
+    problems += polling_problems(config.sources)
     if not is_valid_cron_string(config.retention.cron):
         problems.append(
             (("retention", "cron"), f"{config.retention.cron!r} is not a valid cron schedule")

@@ -14,6 +14,7 @@ from changewatch.sources.limits import (
     DEFAULT_SYNC_TIMEOUT,
     ByteSize,
 )
+from changewatch.sources.polling import SourceStop, envelope_problem
 from changewatch.sources.webhook import WebhookSettings
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -157,6 +158,10 @@ class SourceBase(BaseModel):
     # incremental: every sync asks only for what changed since the stored cursor.
     sync: Literal["snapshot", "incremental"] = "snapshot"
     interval: Duration = 900.0
+    # The adaptive envelope (sources/polling.py): with both set, the sensor probes between
+    # these as changes come and go, starting at `interval`; without, at every interval.
+    min_interval: Duration | None = None
+    max_interval: Duration | None = None
     jitter: Duration = 0.0
     cron: str | None = None
     timezone: str = "UTC"
@@ -177,6 +182,8 @@ class SourceBase(BaseModel):
     probe: Annotated[ProbeSettings, BeforeValidator(_probe_shorthand)] = Field(
         default_factory=ProbeSettings
     )
+    # When polling stops until `changewatch resume` (sources/polling.py).
+    stop: SourceStop = Field(default_factory=SourceStop)
     # Where the provider sends change events (sources/webhook.py); polling then only reconciles.
     webhook: WebhookSettings | None = None
     # Bounds of what one sync accepts from the API (see sources/limits.py): decoded bytes of
@@ -246,6 +253,8 @@ class SourceBase(BaseModel):
             )
         if self.jitter < 0 or self.jitter >= self.interval:
             raise ValueError("jitter must be at least 0 and less than interval")
+        if (problem := envelope_problem(self)) is not None:
+            raise ValueError(problem)
         return self
 
     def env_vars(self) -> list[str]:
