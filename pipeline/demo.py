@@ -153,7 +153,8 @@ def _judge_line(watch: str, judge: JudgeConfig) -> str:
 
     if judge.model == LOCAL_MODEL:
         return (
-            f"judge of {watch}: the local model ({Path(local_model.MODEL_FILE).stem}, in this "
+            f"judge of {watch}: the local model "
+            f"({(local_model.model_path() or Path(local_model.MODEL_FILE)).stem}, in this "
             "process: no key, no network)"
         )
     line = f"judge of {watch}: {judge.model} at {judge.base_url}"

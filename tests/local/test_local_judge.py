@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from changewatch.evaluators import local_model
 from changewatch.evaluators.config import JudgeConfig
 from changewatch.evaluators.judge import ChangeForJudge, Judge, Verdict
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
@@ -140,3 +141,53 @@ def test_bench_local_judge_runs() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "latency per verdict over 1: p50 " in done.stdout
     assert "without a verdict: 0 of 2" in done.stdout
+
+
+def outage(body: str) -> ChangeForJudge:
+    return ChangeForJudge(
+        watch="w",
+        source="demo_issues",
+        kind="insert",
+        object_key="4306",
+        old=None,
+        new={"title": "Primary database down in production", "labels": ["bug"], "body": body},
+        changed_columns=None,
+    )
+
+
+def test_oversized_changes_fit_the_context_and_hold_up_no_other() -> None:
+    config = JudgeConfig(
+        condition="The issue reports a production outage.", model="local", base_url=NOWHERE
+    )
+    body = "The primary is unreachable since 09:12. " + "Connection refused. " * 2500  # 50 KB
+    with Judge(config) as judge:
+        # Three changes far over the 4,096 tokens, then an ordinary one: each gets a verdict.
+        outcomes = [judge.evaluate(outage(body + str(i))) for i in range(3)]
+        outcomes.append(judge.evaluate(outage("pg-primary-1 is unreachable; every page is 500.")))
+    for outcome in outcomes:
+        assert outcome.verdict is not None, outcome.error
+        assert outcome.attempts >= 1 and outcome.prompt_tokens > 0
+    for outcome in outcomes[:3]:
+        # Counted with the model's own tokenizer: each request within its context.
+        assert outcome.prompt_tokens <= outcome.attempts * local_model.CONTEXT
+        assert outcome.verdict.reasoning.startswith(  # type: ignore[union-attr]
+            "[Cut to fit the model's context of 4096 tokens: new.body cut from "
+        )
+    assert not outcomes[3].verdict.reasoning.startswith("[Cut")  # type: ignore[union-attr]
+
+
+def test_the_token_count_is_the_model_s() -> None:
+    text = "Primary database down in production"
+    assert 0 < local_model.count_tokens(text) < len(text)
+    assert local_model.count_tokens(text * 10) >= 10 * (local_model.count_tokens(text) - 1)
+
+
+def test_the_build_is_portable() -> None:
+    """llama.cpp built for the build machine's CPU (-march=native) killed the first verdict
+    with SIGILL on a VM that masks AMX: CI builds it with GGML_NATIVE=OFF, which compiles in
+    the AVX2 generation's instructions at most."""
+    import llama_cpp
+
+    info = llama_cpp.llama_print_system_info().decode()
+    used = set(re.findall(r"(\w+) = 1", info))
+    assert not {f for f in used if f.startswith(("AVX512", "AMX", "AVX_VNNI"))}, info

