@@ -4,11 +4,14 @@
 # at definition time to recognise the context and resource parameters.
 
 import sqlite3
+import time
 from collections.abc import Callable
 
 import dagster as dg
 from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.inbox import Inbox, inbox_path
+from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, not_paused_result, read_pauses
+from changewatch.pipeline.poll_schedule import record_from_tags
 from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
@@ -56,7 +59,8 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                     f"{source.storm.max_share:.0%} of the rows are held from evaluation; "
                     f"`changewatch release {source.name}` (or `--discard`) settles them."
                 ),
-            )
+            ),
+            *_pause_check(source),
         ],
         metadata={
             "source": source.name,
@@ -88,8 +92,11 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 yield dg.AssetCheckResult(
                     check_name=STORM_CHECK, passed=True, description=str(skipped)
                 )
+                yield from _paused(context, source)
                 return
             held = held_changes(wh, source)
+            # The sensor's decision about this source, in its run tag (pipeline/poll_schedule.py).
+            polled = record_from_tags(wh, context.run.tags, [source.name])
         # Only once the rows are committed: a failed sync leaves its deliveries pending.
         run_id = context.run.run_id
         consumed = (
@@ -133,6 +140,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 "not_modified": stats.not_modified,
                 "schema_drift": _drift(stats),
                 **({"webhook_deliveries": consumed} if inbox else {}),
+                **{f"poll_{k}": v for r in polled for k, v in _poll_metadata(r).items()},
             },
             check_results=[
                 dg.AssetCheckResult(
@@ -142,11 +150,47 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                     description=(
                         f"{held} change(s) held after a change storm" if held else "none held"
                     ),
-                )
+                ),
+                *_paused(context, source),
             ],
         )
 
     return _sync
+
+
+def _pause_check(source: SourceConfig) -> list[dg.AssetCheckSpec]:
+    """The ``not_paused`` check of a source with stop conditions (pipeline/pauses.py)."""
+    if not source.stop.active:
+        return []
+    return [
+        dg.AssetCheckSpec(
+            NOT_PAUSED_CHECK,
+            asset=source.table,
+            description=(
+                "Fails while the source is paused by one of its stop conditions (until, "
+                f"after_notifications, max_failures); `changewatch resume {source.name}` "
+                "resumes it."
+            ),
+        )
+    ]
+
+
+def _paused(context: AssetExecutionContext, source: SourceConfig) -> list[dg.AssetCheckResult]:
+    """The ``not_paused`` result a run reports: a sync started by hand may run while paused."""
+    if not source.stop.active:
+        return []
+    pauses = read_pauses(context.instance, "source", [source.name])
+    return [not_paused_result("source", source.name, pauses, time.time())]
+
+
+def _poll_metadata(row) -> dict:
+    """The sensor's schedule of the source, shown with the materialization."""
+    due = row.next_due
+    return {
+        "next_due": dg.MetadataValue.timestamp(due) if due is not None else "paused",
+        "interval_s": dg.MetadataValue.float(row.interval_s),
+        "reason": row.reason,
+    }
 
 
 def _inbox(context: AssetExecutionContext, call: Callable[[], int]) -> int:

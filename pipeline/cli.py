@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
 
     eval_command.add_parser(commands)
 
+    from changewatch.pipeline import resume_command
+
+    resume_command.add_parser(commands)
+
     feedback = commands.add_parser(
         "feedback", help="rate a notification useful or noise (exported as eval examples)"
     )
@@ -255,6 +259,10 @@ def _run(args: argparse.Namespace) -> int:
         return _explain(config, args.watch, args.key)
     if args.command == "replay":
         return _replay(config, args)
+    if args.command == "resume":
+        from changewatch.pipeline import resume_command
+
+        return resume_command.run(config, args.name)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
     if args.command == "feedback-server":

@@ -14,7 +14,10 @@ from typing import Any
 
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
-from changewatch.pipeline.probing import decide, due_probes, probe_states
+from changewatch.pipeline.envelope import spoken
+from changewatch.pipeline.pauses import pause, paused_reasons
+from changewatch.pipeline.poll_schedule import POLL_TAG, merged_tag, schedule_run, schedule_tag
+from changewatch.pipeline.probing import Decision, decide, due_probes, probe_states
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.pipeline.triggers import DEMO_API_URL, is_demo_source
 from changewatch.sources import SourceConfig
@@ -63,6 +66,7 @@ def sync_sensor(
     clients: ProbeClients | None = None,
     batch_job: dg.UnresolvedAssetJobDefinition | None = None,
     selections: Mapping[str, list[dg.AssetKey]] | None = None,
+    schedule_job: dg.UnresolvedAssetJobDefinition | None = None,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
     whether it changed (sources/probe.py), and a sync is requested only if so (the rules and
@@ -77,12 +81,21 @@ def sync_sensor(
     With ``batch_job`` (and each source's run assets in ``selections``), several syncs due at
     one tick become one run of it, selecting their assets, so a run's start-up (some 5
     core-seconds) is paid once per tick; its run key is a hash of theirs.
+
+    Sources with ``min_interval``/``max_interval`` are probed when their adaptive envelope says
+    (pipeline/envelope.py). A source that meets a stop condition is paused in the Dagster
+    instance (pipeline/pauses.py) and gets no probe and no run until resumed. Each run carries
+    its sources' schedules in ``POLL_TAG``, which the run writes to ``poll_schedule``; a pause
+    or resume is recorded there by a run of ``schedule_job``.
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
+    stopping = [s.name for s in sources if s.stop.active]
+    tables = {s.name: s.table for s in sources}
+    extra = [j for j in (batch_job, schedule_job) if j is not None]
 
     @dg.sensor(
         name=name,
-        jobs=[*jobs, batch_job] if batch_job is not None else jobs,
+        jobs=[*jobs, *extra],
         minimum_interval_seconds=30,
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
@@ -93,11 +106,17 @@ def sync_sensor(
         now = clock()
         if not pool:
             pool.append(ProbeClients())  # in the code server, kept for its lifetime
-        due = due_probes(sources, context.cursor, now)
+        # Pauses live in the instance (never the warehouse); one query for them all.
+        paused = paused_reasons(context.instance, "source", stopping) if stopping else {}
+        due = due_probes(sources, context.cursor, now, paused)
         results = probe_all(due, probe_states(context.cursor), pool[0], budget=probe_budget())
-        decision = decide(sources, context.cursor, results, now)
+        decision = decide(sources, context.cursor, results, now, paused)
         for error in decision.errors.values():
-            context.log.warning("probe failed, syncing at the interval: %s", error)
+            context.log.warning("probe failed: %s", error)
+        _log_changes(context, decision, list(results), now)
+        for source_name, reason in decision.pauses.items():
+            asset = dg.AssetKey(tables[source_name])
+            pause(context.instance, "source", source_name, reason, asset=asset, now=now)
         by_name = {source.name: source for source in sources}
         requests = []
         for request in decision.requests:
@@ -111,14 +130,34 @@ def sync_sensor(
                         SOURCE_TAG: source.name,
                         "changewatch/slot": str(slot),
                         TRIGGER_TAG: request.reason,
+                        POLL_TAG: schedule_tag(decision.schedules, [source.name], now),
                     },
                 )
             )
         if batch_job is not None and selections is not None and len(requests) > 1:
             requests = [_batched(batch_job.name, requests, selections)]
+        changed = [*decision.pauses, *decision.resumed]
+        if schedule_job is not None and changed:
+            requests.append(schedule_run(schedule_tag(decision.schedules, changed, now)))
         return dg.SensorResult(run_requests=requests, cursor=decision.cursor)
 
     return _sensor
+
+
+def _log_changes(
+    context: dg.SensorEvaluationContext, decision: Decision, probed: list[str], now: float
+) -> None:
+    """The tick log (the UI's record of the sensor): pauses, resumes, and each probed
+    source's next probe and why."""
+    for name, reason in decision.pauses.items():
+        context.log.warning(f"{name}: paused: {reason}; `changewatch resume {name}` resumes it")
+    for name in decision.resumed:
+        context.log.info(f"{name}: resumed")
+    for name in probed:
+        schedule = decision.schedules.get(name)
+        if schedule is not None and schedule.next_due is not None:
+            wait = spoken(max(0.0, schedule.next_due - now))
+            context.log.info(f"{name}: next probe in {wait}: {schedule.reason}")
 
 
 def _batched(
@@ -132,7 +171,11 @@ def _batched(
         run_key=f"batch:{hashlib.sha256(keys.encode()).hexdigest()[:16]}",
         job_name=job_name,
         asset_selection=list(dict.fromkeys(k for n in names for k in selections[n])),
-        tags={TRIGGER_TAG: "batch", BATCH_TAG: str(len(names))},
+        tags={
+            TRIGGER_TAG: "batch",
+            BATCH_TAG: str(len(names)),
+            POLL_TAG: merged_tag(r.tags[POLL_TAG] for r in requests),
+        },
     )
 
 

@@ -16,6 +16,7 @@ from changewatch.pipeline.fleet import (
     is_fleet,
 )
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
+from changewatch.pipeline.poll_schedule import poll_schedule_asset, poll_schedule_job
 from changewatch.pipeline.resources import (
     WAREHOUSE_POOL,
     JudgeResource,
@@ -113,9 +114,14 @@ def build_definitions(
         _batch_job(interval_sources, selections, _batch_executor(url, environ)) if batched else None
     )
     keys = {name: [dg.AssetKey(a) for a in assets] for name, assets in selections.items()}
+    # Pauses and resumes leave no sync to record them: a small run of their own does.
+    schedule_job = poll_schedule_job() if any(s.stop.active for s in interval_sources) else None
+    if schedule_job is not None:
+        assets.append(poll_schedule_asset(warehouse_url=url))
 
     def batching(group: list) -> dict:
-        return {"batch_job": batch, "selections": keys} if len(group) > 1 else {}
+        recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
+        return recorded | ({"batch_job": batch, "selections": keys} if len(group) > 1 else {})
 
     sensors = [sync_sensor(live, [jobs[s.name] for s in live], **batching(live))] if live else []
     sensors += [demo_sensor(demo, [jobs[s.name] for s in demo], **batching(demo))] if demo else []
@@ -152,6 +158,7 @@ def build_definitions(
         jobs=list(jobs.values())
         + fleet_only
         + ([batch] if batch is not None else [])
+        + ([schedule_job] if schedule_job is not None else [])
         + digest_jobs
         + delivery_jobs
         + maintenance_jobs,

@@ -27,8 +27,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 from changewatch.sources.base import SourceBase, Validator
-from changewatch.sources.errors import SourceError
+from changewatch.sources.errors import RateLimited, SourceError
 from changewatch.sources.http import HttpClient, HttpPolicy, validator_of
+from changewatch.sources.ratelimit import RateLimits
 
 __all__ = [
     "DEFAULT_PROBE_BUDGET",
@@ -92,11 +93,14 @@ class ProbeResult:
     None comes with ``error`` (the request failed: the sensor falls back to the interval
     sync) or without it (the source has no probe). ``state`` is what the next probe sends
     back; on an error it is the state the probe was given, so nothing learnt is lost.
+    ``retry_after``: seconds the server asked to wait (a 429's ``Retry-After``, a spent rate
+    budget), which the adaptive envelope honours.
     """
 
     changed: bool | None
     state: ProbeState
     error: str | None = None
+    retry_after: float | None = None
 
 
 def probe_requests(config: SourceBase) -> list[ProbeRequest] | None:
@@ -166,14 +170,16 @@ class ProbeClients:
     """HTTP clients kept across probes, one per HTTP policy (so per probe timeout and bounds).
 
     A long-lived sensor probes the same hosts every tick: reusing the connection pool saves
-    the TCP (and TLS) setup that would cost more than the probe itself. ``transport`` is for
-    tests; thread-safe.
+    the TCP (and TLS) setup that would cost more than the probe itself. ``transport`` and
+    ``limits`` (a rate-limit registry of their own, not the process's) are for tests;
+    thread-safe.
     """
 
-    def __init__(self, *, transport: Any = None) -> None:
+    def __init__(self, *, transport: Any = None, limits: RateLimits | None = None) -> None:
         self._clients: dict[HttpPolicy, HttpClient] = {}
         self._lock = threading.Lock()
         self._transport = transport
+        self._limits = limits
         # A sensor's clients live as long as its definition; when that goes, so do their
         # connections (closed, not left to the garbage collector's ResourceWarning).
         weakref.finalize(self, _close_all, self._clients)
@@ -182,7 +188,9 @@ class ProbeClients:
         with self._lock:
             client = self._clients.get(policy)
             if client is None:
-                client = HttpClient(policy=policy, name="probe", transport=self._transport)
+                client = HttpClient(
+                    policy=policy, name="probe", transport=self._transport, limits=self._limits
+                )
                 self._clients[policy] = client
             return client
 
@@ -228,6 +236,10 @@ def probe(config: SourceBase, state: ProbeState | None, clients: ProbeClients) -
             now = _ask(client, request, was)
             found[request.key] = now
             changed = changed or not unchanged(was, now)
+    except RateLimited as exc:
+        wait = max(0.0, exc.retry_at - time.time())
+        error = f"source {config.name!r}: {exc}"
+        return ProbeResult(changed=None, state=known, error=error, retry_after=wait)
     except SourceError as exc:
         return ProbeResult(changed=None, state=known, error=f"source {config.name!r}: {exc}")
     return ProbeResult(changed=changed, state=found)
