@@ -31,6 +31,7 @@ __all__ = [
     "paused_reasons",
     "read_pauses",
     "resume",
+    "stop_reason",
 ]
 
 NOT_PAUSED_CHECK = "not_paused"
@@ -112,13 +113,27 @@ def _evaluation(
     )
 
 
+def stop_reason(
+    instance: dg.DagsterInstance, kind: Kind, name: str, deadline: float | None, now: float
+) -> str | None:
+    """Why ``name`` is stopped at ``now``: its ``stop.until`` (``deadline``) passed, or its
+    pause record; None when it goes on."""
+    if deadline is not None and now >= deadline:
+        when = datetime.fromtimestamp(deadline, UTC).isoformat()
+        return f"stop.until {when} has passed"
+    record = read_pauses(instance, kind, [name]).get(name)
+    return record.reason if record is not None and record.paused else None
+
+
 def not_paused_result(
-    kind: Kind, name: str, pauses: Mapping[str, Pause], now: float
+    kind: Kind, name: str, pauses: Mapping[str, Pause], now: float, reason: str | None = None
 ) -> dg.AssetCheckResult:
-    """The ``not_paused`` check as a run of ``name`` reports it, from its pause record."""
+    """The ``not_paused`` check as a run of ``name`` reports it, from its pause record (or
+    the ``reason`` it is stopped for, as ``stop_reason`` gave it)."""
     record = pauses.get(name)
-    reason = record.reason if record is not None and record.paused else None
-    at = record.at if record is not None else now
+    if reason is None and record is not None and record.paused:
+        reason = record.reason
+    at = record.at if record is not None and record.paused else now
     return dg.AssetCheckResult(
         check_name=NOT_PAUSED_CHECK, **not_paused_fields(kind, name, reason, at)
     )

@@ -3,6 +3,7 @@
 # No `from __future__ import annotations` here: Dagster reads the asset function's annotations
 # at definition time to recognise the context and resource parameters.
 
+import time
 import traceback
 from datetime import datetime
 from zoneinfo import ZoneInfo
@@ -13,6 +14,8 @@ from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, evaluate_watch
 from changewatch.pipeline.config import ChangewatchConfig
 from changewatch.pipeline.errors import redact
+from changewatch.pipeline.notification_stops import apply_notification_stops
+from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, not_paused_result, stop_reason
 from changewatch.pipeline.resources import JudgeResource, WarehouseResource, warehouse_pool
 from dagster import AssetExecutionContext
 
@@ -76,6 +79,9 @@ def evaluation_asset(
     def _evaluate(
         context: AssetExecutionContext, warehouse: WarehouseResource, judges: JudgeResource
     ) -> dg.MaterializeResult:
+        stopped = _stopped(context, watch)
+        if stopped is not None:
+            return _paused(context, watch, stopped)
         try:
             judge = judges.judge_for(watch)
             with warehouse.connect() as wh:
@@ -120,10 +126,48 @@ def evaluation_asset(
                 "judge_unavailable": stats.judge_unavailable,
             },
             check_results=[_evaluated_check(), _held_check(stats)]
-            + ([_judge_check(stats)] if watch.judge else []),
+            + ([_judge_check(stats)] if watch.judge else [])
+            + _going_on(watch),
         )
 
     return _evaluate
+
+
+def _stopped(context: AssetExecutionContext, watch: Watch) -> str | None:
+    """Why ``watch`` is stopped (pipeline/pauses.py), or None."""
+    if not watch.stop.active:
+        return None
+    return stop_reason(context.instance, "watch", watch.name, watch.stop.deadline(), time.time())
+
+
+def _going_on(watch: Watch) -> list[dg.AssetCheckResult]:
+    """The passing ``not_paused`` result of a watch with stop conditions that evaluated."""
+    return [not_paused_result("watch", watch.name, {}, time.time())] if watch.stop.active else []
+
+
+def _paused(context: AssetExecutionContext, watch: Watch, reason: str) -> dg.MaterializeResult:
+    """A stopped watch evaluates nothing: its changes wait (its watermark stays) for
+    `changewatch resume`; every declared check reports, `not_paused` failing with why."""
+    context.log.warning(f"{watch.name}: stopped, nothing evaluated: {reason}")
+    checks = [
+        dg.AssetCheckResult(
+            check_name=EVALUATED_CHECK, passed=True, description=f"stopped: {reason}"
+        ),
+        dg.AssetCheckResult(
+            check_name=HELD_CHECK, passed=True, description="stopped: changes wait for resume"
+        ),
+        not_paused_result("watch", watch.name, {}, time.time(), reason=reason),
+    ]
+    if watch.judge:
+        checks.append(
+            dg.AssetCheckResult(
+                check_name=JUDGE_CHECK,
+                passed=True,
+                severity=dg.AssetCheckSeverity.WARN,
+                description="not asked: the watch is stopped",
+            )
+        )
+    return dg.MaterializeResult(metadata={"stopped": reason}, check_results=checks)
 
 
 def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> dg.MaterializeResult:
@@ -162,6 +206,7 @@ def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> d
                 description="not asked: the evaluation failed before judging",
             )
         )
+    checks += _going_on(watch)
     return dg.MaterializeResult(
         # The traceback for `--debug` (the CLI's summary shows only the message).
         metadata={EVALUATION_FAILED: message, EVALUATION_TRACE: dg.MetadataValue.text(trace)},
@@ -194,8 +239,19 @@ def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
             "Each run tries them again."
         ),
     )
+    paused = [
+        dg.AssetCheckSpec(
+            NOT_PAUSED_CHECK,
+            asset=evaluation_asset_name(watch),
+            description=(
+                "Fails while the watch is stopped by one of its stop conditions (until, "
+                "after_notifications): it evaluates nothing and its changes wait; "
+                f"`changewatch resume {watch.name}` resumes it."
+            ),
+        )
+    ]
     if watch.judge is None:
-        return [evaluated, held]
+        return [evaluated, held] + (paused if watch.stop.active else [])
     meanwhile = {"hold": "held", "drop": "dropped", "notify": "notified unjudged"}
     return [
         evaluated,
@@ -208,7 +264,7 @@ def _check_specs(watch: Watch) -> list[dg.AssetCheckSpec]:
                 f"are {meanwhile[watch.judge.on_unavailable]}."
             ),
         ),
-    ]
+    ] + (paused if watch.stop.active else [])
 
 
 def _evaluated_check() -> dg.AssetCheckResult:
@@ -283,9 +339,14 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
                 policy=DeliveryPolicy.from_config(config.delivery),
                 feedback=config.feedback,
             )
+            # What was delivered may reach a stop.after_notifications (pipeline/pauses.py).
+            stops = apply_notification_stops(wh, context.instance, config, now=time.time())
         for line in settled.log + stats.log:
             context.log.info(line)
-        return dg.MaterializeResult(metadata=stats.metadata() | settled.metadata())
+        for line in stops:
+            context.log.warning(line)
+        paused = {"paused": ", ".join(stops)} if stops else {}
+        return dg.MaterializeResult(metadata=stats.metadata() | settled.metadata() | paused)
 
     return _deliver
 
