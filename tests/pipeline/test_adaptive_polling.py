@@ -365,3 +365,41 @@ def test_runs_write_the_schedule_and_pauses_on_both_backends(
     run(defs, late, instance)  # the first decision, replayed late
     assert schedule_rows(warehouse_url)["alpha"] == row
     assert json.loads(record.tags[POLL_TAG])["at"] > json.loads(first.tags[POLL_TAG])["at"]
+
+
+def test_each_target_of_a_fleet_keeps_its_own_envelope(tmp_path, instance, clients):
+    from changewatch.pipeline.fleet import fleet_sensor
+
+    repos = ["acme/widgets", "acme/gadgets"]
+    trackers = [DemoTracker(issues=6, seed=s, repo=r) for s, r in zip((1, 2), repos, strict=True)]
+    with DemoAPIServer(trackers[0], more=[trackers[1]]) as api:
+        fleet = source("team", api.url, path="/repos/{target}/issues", interval="5m")
+        fleet |= {"for_each": {"values": repos}, "target_column": "repo", "table": "team"}
+        config = load_config(write(tmp_path / "w.yaml", [fleet]))
+        defs = build_definitions(config, environ={})
+        clock = [START]
+        sensor = fleet_sensor(
+            config.sources, list(defs.jobs or []), clock=lambda: clock[0], clients=clients
+        )
+        full = dg.Definitions(
+            assets=defs.assets, jobs=defs.jobs, sensors=[sensor], resources=defs.resources
+        )
+
+        def tick(at: float, cursor: str | None) -> tuple[list[dg.RunRequest], str | None]:
+            clock[0] = at
+            context = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=full)
+            result = sensor.evaluate_tick(context)
+            return list(result.run_requests or []), result.cursor
+
+        # The first probes (both "changed"): one run over both, each at a quarter of 5m.
+        requests, cursor = tick(START, None)
+        assert [r.job_name for r in requests] == ["sync_team"]
+        envelopes = {name: entry["e"] for name, entry in load_cursor(cursor).items()}
+        assert envelopes["team[acme/widgets]"][:2] == [75.0, START + 75]
+        # One target changes: its interval tightens to the floor, the other's holds.
+        trackers[0].mutate(update=1)
+        requests, cursor = tick(START + 75, cursor)
+        assert [r.job_name for r in requests] == ["sync_team"]
+        envelopes = {name: entry["e"] for name, entry in load_cursor(cursor).items()}
+        assert envelopes["team[acme/widgets]"][0] == MIN
+        assert envelopes["team[acme/gadgets]"][0] == 75.0
