@@ -90,6 +90,7 @@ def sync_sensor(
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
     stopping = [s.name for s in sources if s.stop.active]
+    adaptive = {s.name for s in sources if s.min_interval is not None}
     tables = {s.name: s.table for s in sources}
     extra = [j for j in (batch_job, schedule_job) if j is not None]
 
@@ -113,7 +114,7 @@ def sync_sensor(
         decision = decide(sources, context.cursor, results, now, paused)
         for error in decision.errors.values():
             context.log.warning("probe failed: %s", error)
-        _log_changes(context, decision, list(results), now)
+        _log_changes(context, decision, [n for n in results if n in adaptive], now)
         for source_name, reason in decision.pauses.items():
             asset = dg.AssetKey(tables[source_name])
             pause(context.instance, "source", source_name, reason, asset=asset, now=now)
@@ -147,8 +148,9 @@ def sync_sensor(
 def _log_changes(
     context: dg.SensorEvaluationContext, decision: Decision, probed: list[str], now: float
 ) -> None:
-    """The tick log (the UI's record of the sensor): pauses, resumes, and each probed
-    source's next probe and why."""
+    """The tick log (the UI's record of the sensor): pauses, resumes, and when each source
+    in ``probed`` (those with an envelope; the others' next probe is their next slot) is
+    probed next and why."""
     for name, reason in decision.pauses.items():
         context.log.warning(f"{name}: paused: {reason}; `changewatch resume {name}` resumes it")
     for name in decision.resumed:

@@ -274,8 +274,12 @@ def test_500s_back_off_then_max_failures_pauses_until_resumed(
         assert sensor.tick(at) == []
     assert trouble.requests == 3
 
+    # The sensor's tick log (what the UI shows of a tick) said why, in one line.
+    log = capsys.readouterr().err
+    assert f"alpha: paused: {row.reason}; `changewatch resume alpha` resumes it" in log
+    assert "alpha: next probe in 8m: failed 2 in a row: waiting 8m" in log
+
     # `changewatch resume alpha`: one line; the sensor probes it at its next tick, afresh.
-    capsys.readouterr()  # the sensor's log
     assert main(["--config", str(config), "resume", "alpha"]) == 0
     assert capsys.readouterr().out.startswith("source alpha: resumed (paused since ")
     assert check(instance, "alpha").passed
