@@ -32,6 +32,7 @@ def add_parser(commands: Any) -> None:
 def run(config: ChangewatchConfig, name: str, *, now: float | None = None) -> int:
     """Resume ``name`` (a source, a watch, or both if they share it); one line each."""
     import dagster as dg
+    from changewatch.pipeline.locations import dagster_home
     from changewatch.pipeline.pauses import resume
     from changewatch.pipeline.runner import instance
     from changewatch.pipeline.watch_assets import evaluation_asset_name
@@ -58,6 +59,12 @@ def run(config: ChangewatchConfig, name: str, *, now: float | None = None) -> in
                 f"{kind} {name}: its stop.until ({when}) has passed, so it would be paused "
                 "again: change or remove stop.until in the watches file first"
             )
+    if dagster_home() is None:
+        # An ephemeral instance holds no pauses: saying "not paused" would mislead.
+        raise UsageError(
+            "no Dagster instance to resume in: set DAGSTER_HOME to the folder of the "
+            "instance the sensor runs with (or run this where its dagster.yaml is)"
+        )
     dagster_instance = instance()
     for kind, _, asset in found:
         was = resume(dagster_instance, kind, name, asset=asset, now=now)
