@@ -25,6 +25,8 @@ from changewatch.evaluators.change_logs import has_change_log, not_synced_note
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.filters import CompiledFilter
 from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
+from changewatch.evaluators.judge_budget import CallBudget, open_budget, record_spend
+from changewatch.evaluators.judge_prompts import save_prompt
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
@@ -70,6 +72,10 @@ class EvaluationStats:
     judge_errors: int = 0
     # Changes the filter failed on (their values broke it at run time): held, retried each run.
     filter_errors: int = 0
+    # The watch's daily budget of judge calls, when this run reached it, and the changes it
+    # held for that (judged once the next UTC day's budget opens).
+    daily_budget: int | None = None
+    held_for_budget: int = 0
     # Judgements asked of the model this run (answered or not; retries not counted again),
     # the HTTP requests they took, and what they cost (None: no price configured).
     judge_calls: int = 0
@@ -140,7 +146,7 @@ def evaluate_watch(
     version = condition_version(watch)
     with wh.transaction():
         ensure_evaluation_tables(wh)
-    calls_left, cap = _call_budget(wh, watch, now().date())
+    budget = open_budget(wh, watch.name, watch.judge, now().date()) if watch.judge else None
     for name in watch.sources:
         source = sources[name]
         if not has_change_log(wh, source):
@@ -163,11 +169,10 @@ def evaluate_watch(
         verdicts: dict[int, _Decision] = {}
         if watch.judge is not None and passed.height:
             assert judge is not None, f"watch {watch.name!r} declares a judge but none was given"
-            before = (calls_left, stats.prompt_tokens, stats.completion_tokens)
-            verdicts, calls_left = judge_changes(
-                wh, watch, source, passed, judge, calls_left, stats, cap=cap
+            assert budget is not None
+            verdicts = judge_changes(
+                wh, watch, source, passed, judge, budget, stats, day=now().date()
             )
-            _record_spend(wh, watch, now().date(), before, calls_left, stats)
         evaluated_at = now()
         evaluations, outbox = _decide(watch, source, changes, verdicts, version, evaluated_at)
         _commit(wh, watch, source, changes, evaluations, outbox, version, evaluated_at, stats)
@@ -175,54 +180,6 @@ def evaluate_watch(
         stats.judge_cost_usd = watch.judge.cost(stats.prompt_tokens, stats.completion_tokens)
     stats.duration_s = round(time.perf_counter() - started, 3)
     return stats
-
-
-def _call_budget(wh: Warehouse, watch: Watch, day: date) -> tuple[int, str]:
-    """Judgements this run may ask for, and what to say when they run out.
-
-    The tighter of the per-run cap and what is left of the day's budget: beyond either,
-    changes are held (never dropped) and judged by a later run.
-    """
-    if watch.judge is None:
-        return 0, ""
-    per_run = watch.judge.max_calls_per_run
-    if watch.judge.max_calls_per_day is None:
-        return per_run, "per-run judge call cap reached"
-    rows = wh.fetch(render("select_judge_spend", wh.dialect), (watch.name, day))
-    left_today = max(0, watch.judge.max_calls_per_day - (rows[0][0] if rows else 0))
-    if left_today < per_run:
-        return left_today, f"daily judge budget of {watch.judge.max_calls_per_day} calls reached"
-    return per_run, "per-run judge call cap reached"
-
-
-def _record_spend(
-    wh: Warehouse,
-    watch: Watch,
-    day: date,
-    before: tuple[int, int, int],
-    calls_left: int,
-    stats: EvaluationStats,
-) -> None:
-    """Add what judging one source's changes spent to the day's ``judge_spend``.
-
-    Its own transaction, right after the calls: the budget must count calls whose changes a
-    later failure leaves unsettled, since the model was asked all the same.
-    """
-    calls = before[0] - calls_left
-    stats.judge_calls += calls
-    if not calls:
-        return
-    with wh.transaction():
-        wh.execute(
-            render("upsert_judge_spend", wh.dialect),
-            (
-                watch.name,
-                day,
-                calls,
-                stats.prompt_tokens - before[1],
-                stats.completion_tokens - before[2],
-            ),
-        )
 
 
 @dataclass
@@ -367,12 +324,16 @@ def judge_changes(
     source: SourceBase,
     passed: pl.DataFrame,
     judge: Judge,
-    calls_left: int,
+    budget: CallBudget,
     stats: EvaluationStats,
     *,
-    cap: str = "per-run judge call cap reached",
-) -> tuple[dict[int, _Decision], int]:
-    """Verdicts for the changes that passed the filter: cached ones first, then the model."""
+    day: date,
+) -> dict[int, _Decision]:
+    """Verdicts for the changes that passed the filter: cached ones first, then the model.
+
+    Calls are taken from ``budget``; what they spent is added to ``day``'s at the end, and
+    each prompt sent is kept for `changewatch explain` (evaluators/judge_prompts.py).
+    """
     config = watch.judge
     assert config is not None
     version = judge_version(config)
@@ -393,6 +354,7 @@ def judge_changes(
     judged_now: dict[str, _Decision] = {}  # identical content in one run is judged once
     unavailable = {"hold": "held", "notify": "notify", "drop": "dropped"}[config.on_unavailable]
     failures_in_a_row, last_error = 0, None
+    calls, spent = 0, (stats.prompt_tokens, stats.completion_tokens)
     for row in passed.iter_rows(named=True):
         content = _content_hash(row)
         if content in cache:
@@ -412,15 +374,20 @@ def judge_changes(
         if content in judged_now:
             decisions[row["change_id"]] = judged_now[content]
             continue
-        if calls_left <= 0:
-            # Over the per-run cap: wait for the next run rather than decide unjudged.
-            decisions[row["change_id"]] = _Decision("held", error=cap)
+        if budget.left <= 0:
+            # Over the per-run cap or the day's budget: wait for a later run rather than
+            # decide unjudged.
+            decisions[row["change_id"]] = _Decision("held", error=budget.exhausted)
+            if budget.daily is not None:
+                stats.daily_budget = budget.daily
+                stats.held_for_budget += 1
             continue
         if failures_in_a_row >= _BREAKER:
             # The judge is down: stop spending time on calls that will fail the same way.
             decisions[row["change_id"]] = _Decision(unavailable, error=last_error)
             continue
-        calls_left -= 1
+        budget.left -= 1
+        calls += 1
         outcome = judge.evaluate(
             ChangeForJudge(
                 watch=watch.name,
@@ -436,6 +403,7 @@ def judge_changes(
         stats.judge_requests += outcome.attempts
         stats.prompt_tokens += outcome.prompt_tokens
         stats.completion_tokens += outcome.completion_tokens
+        save_prompt(wh, watch.name, content, outcome)
         if outcome.verdict is None:
             stats.judge_errors += 1
             if outcome.fault == "server":  # a change's own problem says nothing of the next
@@ -458,7 +426,16 @@ def judge_changes(
             )
         judged_now[content] = decision
         decisions[row["change_id"]] = decision
-    return decisions, calls_left
+    stats.judge_calls += calls
+    record_spend(
+        wh,
+        watch.name,
+        day,
+        calls,
+        stats.prompt_tokens - spent[0],
+        stats.completion_tokens - spent[1],
+    )
+    return decisions
 
 
 def _verdict_decision(verdict: Verdict, min_confidence: float) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 from changewatch.evaluators.change_logs import has_change_log
 from changewatch.evaluators.config import Watch
+from changewatch.evaluators.judge_prompts import format_prompt, object_prompts
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
@@ -25,8 +26,9 @@ def explain_object(
 ) -> pl.DataFrame:
     """One row per (change of ``key``, delivery channel) over the watch's sources.
 
-    Columns: ``source``, ``watermark`` (the watch's last evaluated change there) and those of
-    ``sql/select_object_changes.sql``.
+    Columns: ``source``, ``watermark`` (the watch's last evaluated change there), those of
+    ``sql/select_object_changes.sql`` and the prompt the judge was sent about the change
+    (``content_hash``, ``system_prompt``, ``user_prompt``; null when none was).
     """
     with wh.transaction():
         ensure_evaluation_tables(wh)
@@ -40,8 +42,11 @@ def explain_object(
             "select_object_changes", wh.dialect, changes=quote(changes_table(source.table))
         )
         frame = wh.fetch_frame(statement, (watch.name, name, key))
+        prompts = object_prompts(wh, watch.name, name, key).select(
+            "change_id", "content_hash", "system_prompt", "user_prompt"
+        )
         frames.append(
-            frame.with_columns(
+            frame.join(prompts, on="change_id", how="left").with_columns(
                 pl.lit(name).alias("source"),
                 pl.lit(state[0][0] if state else None, pl.Int64).alias("watermark"),
             )
@@ -115,6 +120,7 @@ def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
     if frame.is_empty():
         return f"{watch.name}: no change of {key!r} in {', '.join(watch.sources)}"
     out = [f"{watch.name}: object {key}"]
+    system = None  # the system prompt shown last: the same one again is not repeated
     for (source, change_id), group in frame.group_by(["source", "change_id"], maintain_order=True):
         row = group.row(0, named=True)
         changed = ", ".join(row["changed_columns"] or [])
@@ -132,4 +138,8 @@ def format_explanation(watch: Watch, key: str, frame: pl.DataFrame) -> str:
                     f"    delivery to {delivery['channel']}: {delivery['delivery_status']} "
                     f"after {delivery['attempts']} attempt(s){error}"
                 )
+        if row["user_prompt"] is not None:  # last: the longest part of a change's story
+            shown = format_prompt(watch.name, row, same_system=row["system_prompt"] == system)
+            out += [f"    {line}" if line else "" for line in shown]
+            system = row["system_prompt"]
     return "\n".join(out)

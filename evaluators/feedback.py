@@ -58,7 +58,11 @@ def record_feedback(
 
 
 def export_examples(wh: Warehouse, watch: str) -> list[EvalExample]:
-    """The watch's rated notifications as eval examples: useful -> notify, noise -> skip."""
+    """The watch's rated notifications as eval examples: useful -> notify, noise -> skip.
+
+    Each example's change makes the prompt the pipeline sent about it, byte for byte (the
+    judge renders values in one key order; tests/evaluators/test_feedback_prompt.py).
+    """
     _ensure_table(wh)
     rows = wh.fetch(render("select_feedback_examples", wh.dialect), (watch,))
     examples = []
@@ -73,7 +77,10 @@ def export_examples(wh: Warehouse, watch: str) -> list[EvalExample]:
                 # A notification shows {} for the side an insert or delete lacks.
                 old=shown.get("old") or None,
                 new=shown.get("new") or None,
-                changed_columns=shown.get("changed"),
+                # The change log knows changed columns of updates only; the payload shows []
+                # for the others, which the judge would read as "(none)" instead of the
+                # pipeline's "(not known)".
+                changed_columns=shown.get("changed") if kind == "update" else None,
                 url=url,
                 expect="notify" if rating == "useful" else "skip",
             )

@@ -160,6 +160,10 @@ class JudgeOutcome:
     unreachable: bool = False  # no connection to the model server at all
     # Whose problem a failed judgement was (None when there is a verdict), see ``_fault``.
     fault: Fault | None = None
+    # The messages of the first request as sent (instructor's additions included), for
+    # `changewatch explain`; None when nothing was sent (a change refused before sending).
+    system_prompt: str | None = None
+    user_prompt: str | None = None
 
     @property
     def notify(self) -> bool:
@@ -262,7 +266,9 @@ def _compact(value: dict[str, Any] | None) -> str:
     if value is None:
         return "(none)"
     # Whole: prompt_fit cuts the longest values when the prompt would not fit the context.
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    # Keys sorted: the same values make the same prompt whichever way they came (a source's
+    # column order in the pipeline, a notification's payload in an exported feedback example).
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, default=str)
 
 
 def _columns(columns: list[str] | None) -> str:
@@ -492,9 +498,14 @@ class Judge:
         """One judgement. Never raises for network, HTTP, timeout or validation failures."""
         config = self.config
         counts = {"attempts": 0, "prompt": 0, "completion": 0}
+        sent: dict[str, str] = {}
 
-        def on_request(*_args: Any, **_kwargs: Any) -> None:
+        def on_request(*_args: Any, **kwargs: Any) -> None:
             counts["attempts"] += 1
+            if not sent:  # the first request's; re-asks append to the conversation
+                for message in kwargs.get("messages") or []:
+                    if message.get("role") in ("system", "user"):
+                        sent.setdefault(message["role"], str(message.get("content") or ""))
 
         def on_response(response: Any) -> None:
             # Runs before instructor folds this response's usage into its running total.
@@ -574,6 +585,8 @@ class Judge:
             min_confidence=config.min_confidence,
             unreachable=unreachable,
             fault=fault,
+            system_prompt=sent.get("system"),
+            user_prompt=sent.get("user"),
         )
 
     def _refused(self, error: str) -> JudgeOutcome:

@@ -19,6 +19,7 @@ from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, dedupe_key, judge_changes
 from changewatch.evaluators.filters import compile_filter
 from changewatch.evaluators.judge import Judge
+from changewatch.evaluators.judge_budget import open_budget
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
@@ -69,8 +70,9 @@ def replay_watch(
         ensure_evaluation_tables(wh)
         wh.execute(render("create_replays", wh.dialect))
     stats = EvaluationStats(watch=watch.name)
-    calls_left = watch.judge.max_calls_per_run if watch.judge else 0
     version, now = _version(watch), datetime.now(UTC)
+    # A replay's calls cost what an evaluation's do: they count against the same day's budget.
+    budget = open_budget(wh, watch.name, watch.judge, now.date()) if watch.judge else None
     frames = []
     for name in watch.sources:
         source = sources[name]
@@ -97,9 +99,9 @@ def replay_watch(
         stats.passed_filter += passed.height
         decisions: dict[int, str] = {}
         if watch.judge is not None and passed.height:
-            assert judge is not None, f"watch {watch.name!r} declares a judge but none was given"
-            verdicts, calls_left = judge_changes(
-                wh, watch, source, passed, judge, calls_left, stats
+            assert judge is not None and budget is not None, f"watch {watch.name!r} needs a judge"
+            verdicts = judge_changes(
+                wh, watch, source, passed, judge, budget, stats, day=now.date()
             )
             decisions = {change_id: v.decision for change_id, v in verdicts.items()}
         frames.append(_compare(watch, name, changes, decisions, version, now))
@@ -137,7 +139,7 @@ def _compare(
 ) -> pl.DataFrame:
     """Per change: sent then, would send now, and the outcome of the two."""
     judged = watch.judge is not None
-    seen: set[str] = set()
+    first_of: dict[str, int] = {}  # dedupe key -> the change that notifies it in the replay
     rows = []
     for row in changes.iter_rows(named=True):
         change_id, passed = row["change_id"], row["_passed"]
@@ -152,14 +154,16 @@ def _compare(
                 reason = "judge: notify" if would else "judge: no"
             else:  # held or dropped: the judge gave no answer; nothing to compare
                 would, reason = None, "judge gave no answer (unavailable, or its call cap)"
+        duplicate = False
         if would:
             # Within the replay, a dedupe key notifies once, as it would have then.
             key = dedupe_key(
                 watch, source, row["object_key"], row["old_hash"], row["new_hash"], version
             )
-            if key in seen:
-                would, reason = False, "duplicate within the replay"
-            seen.add(key)
+            if key in first_of:
+                would, duplicate = False, True
+                reason = f"duplicate of change {first_of[key]} (same dedupe key)"
+            first_of.setdefault(key, change_id)
         # The replay compares decisions; a notification the watch's debounce then suppressed
         # was decided "notify" but never sent, and the table says so.
         sent = row["_actual"] == "notify" and not row["_suppressed"]
@@ -168,6 +172,9 @@ def _compare(
         notified_then = row["_actual"] in ("notify", "duplicate")
         if would is None:
             outcome = "undecided"
+        elif duplicate:
+            # Its key notifies all the same (with an earlier change): nothing is dropped.
+            outcome = "same" if row["_actual"] == "duplicate" else "duplicate"
         elif would == notified_then:
             outcome = "same"
         else:
@@ -193,27 +200,34 @@ def _compare(
 
 
 def format_replay(watch: Watch, since: datetime, result: ReplayResult) -> str:
-    """A summary line, then one line per change whose outcome differs (+ added, - dropped)."""
+    """A summary line, then one line per change whose outcome differs: + added, - dropped,
+    = a duplicate (sent then, now suppressed because an earlier change notifies its key)."""
     s = result.stats
     undecided = result.count("undecided")
     why = ""
     if undecided:  # the judge gave these no answer: say why, or the count means nothing
-        why = (
-            f" (judge {s.judge_unavailable})"
-            if s.judge_unavailable
-            else f" (the judge's call cap was reached: judge.max_calls_per_run is "
-            f"{watch.judge.max_calls_per_run if watch.judge else 0})"
-        )
+        if s.judge_unavailable:
+            why = f" (judge {s.judge_unavailable})"
+        elif s.daily_budget is not None:
+            why = f" (daily budget of {s.daily_budget} calls reached, replays included)"
+        else:
+            why = (
+                " (the judge's call cap was reached: judge.max_calls_per_run is "
+                f"{watch.judge.max_calls_per_run if watch.judge else 0})"
+            )
+    duplicates = result.count("duplicate")
     lines = [
         f"replay {result.version} of {watch.name} since {since:%Y-%m-%d %H:%M} UTC: "
         f"{s.changes_read} change(s), {s.passed_filter} passed the filter, {s.judged} judged "
         f"({s.judge_cache_hits} cached); {result.count('added')} added, "
-        f"{result.count('dropped')} dropped, {result.count('same')} unchanged, "
-        f"{undecided} undecided{why}; nothing was sent"
+        f"{result.count('dropped')} dropped, "
+        + (f"{duplicates} duplicate(s), " if duplicates else "")
+        + f"{result.count('same')} unchanged, {undecided} undecided{why}; nothing was sent"
     ]
-    differ = result.changes.filter(pl.col("outcome").is_in(["added", "dropped"]))
+    signs = {"added": "+", "dropped": "-", "duplicate": "="}
+    differ = result.changes.filter(pl.col("outcome").is_in(list(signs)))
     for row in differ.iter_rows(named=True):
-        sign = "+" if row["outcome"] == "added" else "-"
+        sign = signs[row["outcome"]]
         lines.append(
             f"{sign} {row['source']} {row['object_key']} (change {row['change_id']}, "
             f"{row['kind']}): {row['reason']}"

@@ -534,6 +534,11 @@ def summarize(asset: str, meta: dict) -> str:
         if meta.get("judge_unavailable"):
             dropped = f", {meta['dropped']} dropped" if meta.get("dropped") else ""
             line += f"; judge {meta['judge_unavailable']}: {meta['held']} held{dropped}"
+        if meta.get("daily_budget") is not None:
+            line += (
+                f"; daily budget of {meta['daily_budget']} calls reached: "
+                f"{meta['held_for_budget']} held until tomorrow"
+            )
         if meta.get("filter_errors"):
             line += (
                 f"; the filter FAILED on {meta['filter_errors']} change(s), held (see the run's "

@@ -92,7 +92,7 @@ def evaluation_asset(
             context.log.warning(
                 f"{watch.name}: {stats.held} change(s) held: the judge was unavailable "
                 f"({watch.judge.on_unavailable if watch.judge else ''} policy) or the per-run "
-                "call cap was reached; they are evaluated again next run"
+                "call cap or the daily budget was reached; they are evaluated again next run"
             )
         for note in stats.notes:
             context.log.warning(f"{watch.name}: {note}")
@@ -113,6 +113,11 @@ def evaluation_asset(
                 "suppressed_duplicates": stats.suppressed_duplicates,
                 "held": stats.held,
                 "dropped": stats.dropped,
+                **(
+                    {"daily_budget": stats.daily_budget, "held_for_budget": stats.held_for_budget}
+                    if stats.daily_budget is not None
+                    else {}
+                ),
                 "judge_calls": stats.judge_calls,
                 "judge_requests": stats.judge_requests,
                 "prompt_tokens": stats.prompt_tokens,

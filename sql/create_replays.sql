@@ -12,6 +12,7 @@ CREATE TABLE IF NOT EXISTS replays (
     sent BOOLEAN NOT NULL,
     would_send BOOLEAN,
     -- added | dropped | same | undecided (the judge could not answer, or its cap was hit)
+    -- | duplicate (would notify, but an earlier change in the replay notifies its key)
     outcome TEXT NOT NULL,
     reason TEXT,
     where_text TEXT NOT NULL,

@@ -128,6 +128,7 @@ def prune(
             stats.verdicts = len(
                 wh.fetch(render("delete_judge_cache_retention", wh.dialect), (cutoff,))
             )
+            wh.execute(render("delete_judge_prompts_retention", wh.dialect), (cutoff,))
     return stats
 
 

@@ -86,6 +86,7 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
         "create_watch_state",
         "create_evaluations",
         "create_judge_cache",
+        "create_judge_prompts",
         "create_judge_spend",
         "create_outbox",
         "create_deliveries",

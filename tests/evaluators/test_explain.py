@@ -5,6 +5,7 @@ from __future__ import annotations
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.explain import explain_object, format_explanation
 from changewatch.evaluators.judge import Judge
+from changewatch.evaluators.judge_prompts import SHOWN_CHARS
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.sources.rest import RestSource
 from changewatch.warehouse import connect
@@ -67,10 +68,23 @@ def test_explain_tells_filter_verdict_dedupe_and_deliveries(
         assert lines[3].startswith("    judge (sec-model, fresh call): notify, confidence 0.90")
         assert lines[4].startswith("    notified: ") and f"(dedupe key {dedupe})" in lines[4]
         assert lines[5] == "    delivery to console: pending after 0 attempt(s)"
+        # Then the prompt the model was sent about it, fenced: the request it got, verbatim.
+        [sent] = [r for r in llm.requests if f"object key: {notified}\n" in r.text]
+        system, user = (m["content"] for m in sent.messages)
+        assert lines[6] == (
+            "    prompt sent (whole: SELECT * FROM judge_prompts WHERE watch = 'sensitive' AND "
+            f"content_hash = '{dedupe.split('|')[3]}'):"
+        )
+        assert lines[7] == lines[-1] == "    ```" and lines[8] == "    [system]"
+        shown = "\n".join(line.removeprefix("    ") for line in lines[9:-1])
+        cut = f"… [{len(system) - SHOWN_CHARS['system']} more characters]"
+        assert shown == f"{system[: SHOWN_CHARS['system']]}{cut}\n[user]\n{user}"
+        assert "The issue is about a security problem." in shown
 
         text = story(warehouse_url, watch, source, skipped)
         assert "judge (sec-model, fresh call): no, confidence 0.90" in text
         assert "not notified: the judge said no" in text
+        assert f"object key: {skipped}\n" in text
 
         # An edit is a change; until the watch runs again it is pending.
         edited = demo_api.tracker.mutate(update=5)["updated"]

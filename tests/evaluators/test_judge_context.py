@@ -56,8 +56,9 @@ def test_an_oversized_change_is_cut_to_fit_and_its_verdict_says_so() -> None:
     assert estimate_tokens(system) + estimate_tokens(user) + 512 <= 4096
     assert request.body["max_tokens"] == 512
     # The short values are whole; the long body lost its tail, and says so.
-    assert '"title":"Primary database down","labels":["incident"]' in user
-    assert '"body":"The primary is unreachable. Stack trace line.' in user
+    # (The values go in key order: the same values make the same prompt from any path.)
+    assert '"labels":["incident"],"title":"Primary database down"' in user
+    assert '{"body":"The primary is unreachable. Stack trace line.' in user
     assert "…[cut]" in user and len(user) < 12_000
     assert outcome.verdict is not None and outcome.notify
     reasoning = outcome.verdict.reasoning
@@ -72,7 +73,7 @@ def test_a_change_that_fits_is_sent_whole() -> None:
         llm.queue(Reply.verdict(VERDICT))
         with Judge(config(llm.base_url)) as judge:
             outcome = judge.evaluate(issue("x" * 15_000))  # fits the default 8192 tokens
-    assert "x" * 15_000 + '"}' in llm.requests[0].messages[-1]["content"]
+    assert '"body":"' + "x" * 15_000 + '","labels"' in llm.requests[0].messages[-1]["content"]
     assert outcome.verdict is not None and not outcome.verdict.reasoning.startswith("[Cut")
 
 

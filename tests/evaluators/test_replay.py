@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import polars as pl
 import pytest
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.judge import Judge
@@ -136,3 +137,87 @@ def test_a_condition_needs_a_judge() -> None:
     watch = Watch(name="w", sources=["s"])
     with pytest.raises(ValueError, match="watch 'w' has no judge"):
         replayed(watch, condition="anything")
+
+
+def test_a_replay_spends_the_daily_budget_like_an_evaluation(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    with FakeOpenAIServer(respond=label_judge("security")) as llm:
+        watch = Watch.model_validate(
+            {
+                "name": "sensitive",
+                "sources": ["demo_issues"],
+                "where": "kind = 'insert'",
+                "judge": {
+                    "condition": "The issue is about a security problem.",
+                    "model": "m",
+                    "base_url": llm.base_url,
+                    "max_retries": 0,
+                    "max_calls_per_day": 30,
+                },
+            }
+        )
+        with connect(warehouse_url) as wh:
+            run_sync(wh, RestSource(source))
+        with Judge(watch.judge) as judge:  # type: ignore[arg-type]
+            assert evaluate(warehouse_url, watch, source, judge).judge_calls == 30
+        # An edited condition is new content to the cache: only what is left today is asked.
+        edited = replayed(watch, condition="The issue is about security or a bug.")
+        with connect(warehouse_url) as wh, Judge(edited.judge) as judge:  # type: ignore[arg-type]
+            result = replay_watch(wh, edited, {source.name: source}, since=LONG_AGO, judge=judge)
+            spend = wh.fetch("SELECT calls FROM judge_spend")
+        assert len(llm.requests) == 30 and spend == [(30,)]
+        assert (result.stats.judge_calls, result.count("undecided")) == (0, 40)
+        assert (result.stats.daily_budget, result.stats.held_for_budget) == (30, 40)
+        assert " 40 undecided (daily budget of 30 calls reached, replays included);" in (
+            format_replay(edited, LONG_AGO, result)
+        )
+
+        # The next day (the spend forgotten): the replay asks the day's 30, and they count.
+        with connect(warehouse_url) as wh, wh.transaction():
+            wh.execute("DELETE FROM judge_spend")
+        with connect(warehouse_url) as wh, Judge(edited.judge) as judge:  # type: ignore[arg-type]
+            result = replay_watch(wh, edited, {source.name: source}, since=LONG_AGO, judge=judge)
+            assert result.stats.judge_calls == 30 and result.count("undecided") == 10
+            assert wh.fetch("SELECT calls FROM judge_spend") == [(30,)]
+
+
+def test_a_suppressed_duplicate_is_listed_as_a_duplicate_not_dropped(
+    warehouse_url: str, demo_api: DemoAPIServer
+) -> None:
+    source = demo_config(demo_api)
+    # One notification per object: about its first update, then duplicates.
+    watch = Watch(
+        name="edited", sources=["demo_issues"], where="kind = 'update'", dedupe="per_object"
+    )
+    with connect(warehouse_url) as wh:
+        run_sync(wh, RestSource(source))
+    evaluate(warehouse_url, watch, source)
+    for _ in range(2):
+        demo_api.tracker.mutate(update=40)
+        with connect(warehouse_url) as wh:
+            run_sync(wh, RestSource(source))
+        evaluate(warehouse_url, watch, source)
+    with connect(warehouse_url) as wh:
+        then = dict(wh.fetch("SELECT decision, count(*) FROM evaluations GROUP BY decision"))
+    assert then == {"skip": 40, "notify": 40, "duplicate": 40}
+
+    # Every change passes now: an object's insert notifies, and its first update (sent then)
+    # is suppressed by that notification's key: a duplicate, not a dropped notification.
+    edited = replayed(watch, where="TRUE")
+    with connect(warehouse_url) as wh:
+        result = replay_watch(wh, edited, {source.name: source}, since=LONG_AGO)
+    assert {o: result.count(o) for o in ("added", "dropped", "duplicate", "same")} == {
+        "added": 40,
+        "dropped": 0,
+        "duplicate": 40,
+        "same": 40,
+    }
+    text = format_replay(edited, LONG_AGO, result).splitlines()
+    assert "40 added, 0 dropped, 40 duplicate(s), 40 unchanged" in text[0]
+    first = result.changes.filter(pl.col("outcome") == "added").sort("object_key")
+    dup = result.changes.filter(pl.col("outcome") == "duplicate").sort("object_key")
+    assert dup["reason"][0] == f"duplicate of change {first['change_id'][0]} (same dedupe key)"
+    assert sum(line.startswith("= demo_issues ") for line in text) == 40
+    assert not any(line.startswith("- ") for line in text)

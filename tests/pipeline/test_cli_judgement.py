@@ -74,6 +74,9 @@ def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
     assert "judge (watch-model, fresh call): notify, confidence 0.90" in done.stdout
     assert f"notified: {first_id}" in done.stdout
     assert "delivery to console: sent after 1 attempt(s)" in done.stdout
+    # The prompt the model was sent, fenced.
+    assert '    [user]\n    A change seen by the watch "security_review":\n' in done.stdout
+    assert done.stdout.rstrip().endswith("    ```")
     done = run_cli("explain", "security_review", quiet, cwd=cwd, **env)
     assert "judge (watch-model, fresh call): no" in done.stdout
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.cli import summarize
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.watch_assets import HELD_CHECK, JUDGE_CHECK
@@ -127,6 +128,10 @@ def test_a_daily_budget_holds_the_rest_and_the_spend_is_metadata(
             spend = wh.fetch("SELECT calls, prompt_tokens, completion_tokens FROM judge_spend")
         assert reasons == [("daily judge budget of 15 calls reached",)]
         assert spend == [(15, 1500, 300)]
+        # The CLI's summary of the run says so, not only the SQL.
+        assert summarize("eval_review", meta).endswith(
+            "25 held; daily budget of 15 calls reached: 25 held until tomorrow"
+        )
 
         # The same day: the budget is spent, the model is not asked, nothing is dropped.
         asked = len(llm.requests)
@@ -139,5 +144,6 @@ def test_a_daily_budget_holds_the_rest_and_the_spend_is_metadata(
     assert (meta["judged"], meta["held"]) == (25, 0)
     assert "judge_cost_usd" not in meta  # no price configured
     assert check.passed and check.description == "nothing waits"
+    assert "daily budget" not in summarize("eval_review", meta)
     with connect(warehouse_url) as wh:
         assert wh.fetch("SELECT calls FROM judge_spend") == [(40,)]

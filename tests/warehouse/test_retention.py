@@ -181,8 +181,11 @@ def test_cached_verdicts_go_after_their_age(warehouse_url: str, demo_api: DemoAP
             run_sync(wh, RestSource(source))
             evaluate_watch(wh, watch, {source.name: source}, {source.name: compiled}, judge=judge)
             assert wh.fetch("SELECT count(*) FROM judge_cache") == [(40,)]
+            assert wh.fetch("SELECT count(*) FROM judge_prompts") == [(40,)]
             retention = RetentionConfig(verdicts=DAY)
             assert prune(wh, retention, [source], {}).verdicts == 0  # not a day old yet
             later = datetime.now(UTC) + timedelta(days=2)
             assert prune(wh, retention, [source], {}, now=later).verdicts == 40
             assert wh.fetch("SELECT count(*) FROM judge_cache") == [(0,)]
+            # The prompts that produced them go with them.
+            assert wh.fetch("SELECT count(*) FROM judge_prompts") == [(0,)]
