@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import patience
 import pytest
 from cw_testing import REPO
 
@@ -56,3 +58,37 @@ def test_bench_probe_runs_on_a_few_sources() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "probe, 5 sources: " in done.stdout
     assert "per unchanged poll" in done.stdout
+
+
+@pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
+def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> None:
+    figures_path = tmp_path / "figures.json"
+    done = patience.run(
+        [
+            sys.executable,
+            "bench/bench_fleet.py",
+            *("--sources", "3", "--interval", "20", "--minutes", "0.5"),
+            *("--change-rate", "1", "--baseline-polls", "0", "--json", str(figures_path)),
+        ],
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [figures] = json.loads(figures_path.read_text())
+    assert figures["label"] == "3 sources"
+    # The sensor probed during the window, and changes were made and each one notified.
+    assert figures["probes"] > 0
+    assert figures["changes"] > 0 and figures["missing"] == 0
+    assert figures["notified_p95"] is not None
+    # Runs only for changes: every sync followed a change of its source, every run came from
+    # a probe (one source) or a batch of probed sources, none from the interval.
+    assert figures["syncs_unchanged"] == 0 and figures["runs"] <= figures["changes"]
+    assert set(figures["triggers"]) <= {"probe", "batch"}
+    assert figures["runs_failed"] == 0 and figures["syncs_failed"] == 0
+    assert figures["cpu"]["daemon"] > 0 and figures["cpu"]["code server"] > 0
+    for line in (
+        "core-s per poll, all included",
+        "change->notification p50/p95/max s",
+        "RSS peak MiB daemon / code / run",
+    ):
+        assert line in done.stdout
+    assert "TARGET" in done.stdout
