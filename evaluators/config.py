@@ -8,7 +8,7 @@ from changewatch.sources.base import Duration, EnvVarName, Identifier
 from changewatch.sources.polling import StopConditions
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "Watch"]
+__all__ = ["LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "NextJudge", "Watch"]
 
 # `model: local`: the bundled offline model (the `[local]` extra, evaluators/local_model.py).
 LOCAL_MODEL = "local"
@@ -16,6 +16,27 @@ LOCAL_MODEL = "local"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class NextJudge(_Model):
+    """A judge of a cascade after the first: asked only about the changes the judge before it
+    was unsure of (evaluators/cascade.py). It shares the first judge's condition, examples,
+    call caps, ``min_confidence`` (applied to whichever verdict decides) and
+    ``on_unavailable``; the endpoint and its limits are its own."""
+
+    model: str
+    # Which verdicts of the judge before come here: `unsure` (less sure than unsure_below).
+    # A judge before it that gave no verdict at all (down, invalid answer) counts as unsure.
+    when: Literal["unsure"]
+    unsure_below: float = Field(default=0.8, gt=0, le=1)
+    base_url: str | None = None
+    api_key_env: EnvVarName | None = None
+    timeout: float = Field(default=30.0, gt=0)
+    context_tokens: int | None = Field(default=None, ge=1024)
+    max_answer_tokens: int = Field(default=512, ge=64)
+    max_retries: int = Field(default=2, ge=0, le=10)
+    price_per_mtok_input: float | None = Field(default=None, ge=0)
+    price_per_mtok_output: float | None = Field(default=None, ge=0)
 
 
 class JudgeConfig(_Model):
@@ -58,10 +79,42 @@ class JudgeConfig(_Model):
     # USD per million tokens; with them, evaluations report what the judge cost.
     price_per_mtok_input: float | None = Field(default=None, ge=0)
     price_per_mtok_output: float | None = Field(default=None, ge=0)
+    # A cascade: the judges asked after this one, in order, each about what the one before was
+    # unsure of. `judge: [{...first...}, {model: ..., when: unsure}]` is the same written as
+    # a list (evaluators/cascade.py).
+    then: list[NextJudge] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cascade_as_list(cls, data: object) -> object:
+        # `judge: [first, next, ...]`: the first judge's settings, the others as `then`.
+        if isinstance(data, list):
+            if not data:
+                raise ValueError("a judge cascade lists at least one judge")
+            first, *rest = data
+            if not isinstance(first, dict):
+                return data  # pydantic says what is wrong with it
+            if "when" in first:
+                raise ValueError(
+                    "the first judge of a cascade is asked about every change: no `when`"
+                )
+            return {**first, "then": [*first.get("then", []), *rest]}
+        return data
+
+    def judges(self) -> list[JudgeConfig]:
+        """The judges of this config in order, each as a config of its own: this one (without
+        its cascade), then each of ``then`` with this one's condition, examples and caps."""
+        first = self.model_copy(update={"then": []})
+        later = [
+            first.model_copy(update=step.model_dump(exclude={"when", "unsure_below"}))
+            for step in self.then
+        ]
+        return [first, *later]
 
     def cost(self, prompt_tokens: int, completion_tokens: int) -> float | None:
-        """What the tokens cost in USD, or None when no price is configured."""
-        if self.price_per_mtok_input is None and self.price_per_mtok_output is None:
+        """What the tokens cost in USD, or None when no price is configured or this is a
+        cascade (its tokens are added up over judges of different prices)."""
+        if self.then or (self.price_per_mtok_input is None and self.price_per_mtok_output is None):
             return None
         return round(
             (
@@ -73,9 +126,12 @@ class JudgeConfig(_Model):
         )
 
     def env_vars(self) -> list[str]:
-        if self.model == LOCAL_MODEL:
-            return []
-        return [self.api_key_env] if self.api_key_env else []
+        """The API key variables of this judge and of the judges of its cascade."""
+        return [
+            judge.api_key_env
+            for judge in self.judges()
+            if judge.model != LOCAL_MODEL and judge.api_key_env
+        ]
 
 
 # per_object: at most one notification per object, ever (until the condition changes).

@@ -9,7 +9,9 @@ Per model, and per condition within it (``all`` is the model's whole run):
   An example without a verdict counts as not notified: a model that cannot answer the hard
   cases does not score as if they did not exist;
 * unanswered (no answer: the server failed, or refused the change's request) and invalid
-  (an answer, but no valid verdict), latency p50/p95 per judgement, tokens and requests.
+  (an answer, but no valid verdict), latency p50/p95 per judgement, tokens and requests;
+* for a cascade (evaluators/cascade.py), how many examples each of its judges was asked: its
+  judges alone are models of the report too, so the cascade's F1 and calls sit beside theirs.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def report(results: Sequence[EvalResult]) -> list[dict[str, Any]]:
     frame = pl.DataFrame([r.model_dump() for r in results], schema=_SCHEMA, strict=False)
     per_condition = _scores(frame, ["model", "condition"])
     per_model = _scores(frame, ["model"]).with_columns(condition=pl.lit(ALL))
+    asked = _asked(results)
     models = []
     for (model,), rows in frame.group_by(["model"], maintain_order=True):
         conditions = {
@@ -110,9 +113,21 @@ def report(results: Sequence[EvalResult]) -> list[dict[str, Any]]:
                 "endpoint": rows["endpoint"][-1],
                 "conditions": conditions,
                 "misses": _misses(rows),
+                # A cascade's calls per judge: how many examples each of its judges was asked.
+                **({"asked": asked[model]} if asked.get(model) else {}),
             }
         )
     return models
+
+
+def _asked(results: Sequence[EvalResult]) -> dict[str, dict[str, int]]:
+    """Per cascade (a model whose results name the judges asked): examples each judge got."""
+    asked: dict[str, dict[str, int]] = {}
+    for result in results:
+        for judge in result.asked:
+            counts = asked.setdefault(result.model, {})
+            counts[judge] = counts.get(judge, 0) + 1
+    return asked
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +239,12 @@ def format_report(models: Sequence[dict[str, Any]], *, misses: bool = True) -> s
                 f"{_share(m['recall']):>6}  {_share(m['f1']):>4}  {m['unanswered']:>10}  "
                 f"{m['invalid']:>7}  {m['latency_ms']['p50']:>6}  {m['latency_ms']['p95']:>6}  "
                 f"{tokens:>6}  {m['calls']:>5}"
+            )
+        if "asked" in model:
+            lines.append(
+                "judges asked: "
+                + ", ".join(f"{judge} {count}" for judge, count in model["asked"].items())
+                + f" (of {conditions[ALL]['examples']} examples)"
             )
         matrix = conditions[ALL]["confusion"]
         lines.append("confusion over all (rows: expected; columns: got)")

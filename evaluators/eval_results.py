@@ -45,6 +45,8 @@ class EvalResult(BaseModel):
     calls: int  # requests sent, retries included
     prompt_tokens: int
     completion_tokens: int
+    # A cascade's result: the models asked about the example, in order (evaluators/cascade.py).
+    asked: list[str] = []
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -53,16 +55,23 @@ class EvalResult(BaseModel):
 
 
 def result_of(
-    outcome: JudgeOutcome, *, endpoint: str, condition: str, label: str, example: EvalExample
+    outcome: JudgeOutcome,
+    *,
+    endpoint: str,
+    condition: str,
+    label: str,
+    example: EvalExample,
+    model: str | None = None,
 ) -> EvalResult:
-    """The result of judging ``example`` (named ``label``) as ``outcome`` says."""
+    """The result of judging ``example`` (named ``label``) as ``outcome`` says, under the
+    name ``model`` (default: the outcome's)."""
     verdict = outcome.verdict
     if verdict is not None:
         answer: Answer = "verdict"
     else:
         answer = "invalid" if outcome.fault == "answer" else "unanswered"
     return EvalResult(
-        model=outcome.model,
+        model=model or outcome.model,
         endpoint=endpoint,
         condition=condition,
         example=label,
@@ -78,6 +87,7 @@ def result_of(
         calls=outcome.attempts,
         prompt_tokens=outcome.prompt_tokens,
         completion_tokens=outcome.completion_tokens,
+        asked=[stage.model for stage in outcome.stages],
     )
 
 

@@ -15,10 +15,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from changewatch.evaluators.cascade import AnyJudge, Cascade, cascade_label, make_judge
 from changewatch.evaluators.config import JudgeConfig
 from changewatch.evaluators.eval_results import ResultsWriter, result_of
 from changewatch.evaluators.evals import EvalExample
-from changewatch.evaluators.judge import Judge
+from changewatch.evaluators.judge import Judge, JudgeOutcome
 
 __all__ = ["STOP_AFTER", "EvalSet", "run_eval"]
 
@@ -42,11 +43,16 @@ def run_eval(
     writer: ResultsWriter,
     *,
     done: Collection[tuple[str, str, str, str]] = (),
-    make_judge: Callable[[JudgeConfig], Judge] = Judge,
+    make_judge: Callable[[JudgeConfig], AnyJudge] = make_judge,
 ) -> list[str]:
     """Judge every example of ``sets`` with each model (None: the set's own), writing each
     result to ``writer``; results whose key is in ``done`` (a resumed run's) are not asked
-    again. Returns a line for each model stopped because its server kept failing."""
+    again. Returns a line for each model stopped because its server kept failing.
+
+    A cascade (a judge config with ``then``) is scored as a whole, under its models' names
+    joined by " > ", and each of its judges alone: a judge's answer within the cascade is its
+    answer alone too, so only the examples the cascade did not bring to it are asked again.
+    """
     stopped = []
     for model in models:
         failures = 0
@@ -56,19 +62,13 @@ def run_eval(
                 config = config.model_copy(update={"model": model})
             with make_judge(config) as judge:
                 for index, example in enumerate(eval_set.examples):
-                    label = example.label(index)
-                    if (config.model, judge.version, eval_set.name, label) in done:
-                        continue
-                    outcome = judge.evaluate(example.change(eval_set.watch))
-                    writer.write(
-                        result_of(
-                            outcome,
-                            endpoint=judge.url,
-                            condition=eval_set.name,
-                            label=label,
-                            example=example,
-                        )
-                    )
+                    scored = _Scored(eval_set, example, example.label(index), writer, done)
+                    if isinstance(judge, Cascade):
+                        outcome = scored.cascade(judge)
+                    else:
+                        outcome = scored.alone(judge)
+                    if outcome is None:
+                        continue  # judged by the run resumed
                     if outcome.fault == "server":
                         failures += 1
                     elif outcome.verdict is not None:
@@ -82,3 +82,49 @@ def run_eval(
                 )
                 break
     return stopped
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """One example of a set being judged: asks and writes its results, skipping done ones."""
+
+    eval_set: EvalSet
+    example: EvalExample
+    label: str
+    writer: ResultsWriter
+    done: Collection[tuple[str, str, str, str]]
+
+    def _write(self, outcome: JudgeOutcome, endpoint: str, model: str | None = None) -> None:
+        self.writer.write(
+            result_of(
+                outcome,
+                endpoint=endpoint,
+                condition=self.eval_set.name,
+                label=self.label,
+                example=self.example,
+                model=model,
+            )
+        )
+
+    def _key(self, model: str, version: str) -> tuple[str, str, str, str]:
+        return (model, version, self.eval_set.name, self.label)
+
+    def alone(self, judge: Judge, answered: JudgeOutcome | None = None) -> JudgeOutcome | None:
+        """The judge's result (``answered``, or asked now), unless the resumed run has it."""
+        if self._key(judge.config.model, judge.version) in self.done:
+            return None
+        outcome = answered or judge.evaluate(self.example.change(self.eval_set.watch))
+        self._write(outcome, judge.url)
+        return outcome
+
+    def cascade(self, cascade: Cascade) -> JudgeOutcome | None:
+        """The cascade's result, then each of its judges' alone."""
+        outcome = None
+        name = cascade_label(cascade.config)
+        if self._key(name, cascade.version) not in self.done:
+            outcome = cascade.evaluate(self.example.change(self.eval_set.watch))
+            self._write(outcome, cascade.url, model=name)
+        stages = outcome.stages if outcome is not None else ()
+        for index, judge in enumerate(cascade.judges):
+            self.alone(judge, stages[index] if index < len(stages) else None)
+        return outcome

@@ -21,10 +21,11 @@ from typing import Any
 
 import polars as pl
 from changewatch.channels.base import notification_id_for
+from changewatch.evaluators.cascade import AnyJudge
 from changewatch.evaluators.change_logs import has_change_log, not_synced_note
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.filters import CompiledFilter
-from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, Verdict, judge_version
+from changewatch.evaluators.judge import ChangeForJudge, JudgeOutcome, Verdict, judge_version
 from changewatch.evaluators.judge_budget import CallBudget, open_budget, record_spend
 from changewatch.evaluators.judge_prompts import save_prompt
 from changewatch.sources.base import SourceBase
@@ -132,7 +133,7 @@ def evaluate_watch(
     sources: Mapping[str, SourceBase],
     filters: Mapping[str, CompiledFilter],
     *,
-    judge: Judge | None = None,
+    judge: AnyJudge | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> EvaluationStats:
     """Evaluate every unsettled change of ``watch`` over its ``sources``; return the counts.
@@ -323,7 +324,7 @@ def judge_changes(
     watch: Watch,
     source: SourceBase,
     passed: pl.DataFrame,
-    judge: Judge,
+    judge: AnyJudge,
     budget: CallBudget,
     stats: EvaluationStats,
     *,

@@ -164,6 +164,8 @@ class JudgeOutcome:
     # `changewatch explain`; None when nothing was sent (a change refused before sending).
     system_prompt: str | None = None
     user_prompt: str | None = None
+    # A cascade's judges' own outcomes, in the order asked (evaluators/cascade.py); else empty.
+    stages: tuple[JudgeOutcome, ...] = ()
 
     @property
     def notify(self) -> bool:
@@ -175,8 +177,9 @@ class JudgeOutcome:
 def judge_version(config: JudgeConfig) -> str:
     """16 hex chars identifying what the model is asked (not which model is asked).
 
-    Covers PROMPT_VERSION, the prompt templates, the condition and both example lists. The
-    model is a separate cache key; min_confidence, timeout, retries... change no verdict.
+    Covers PROMPT_VERSION, the prompt templates, the condition and both example lists, and
+    for a cascade its later judges (model, when, threshold). The model is a
+    separate cache key; min_confidence, timeout, retries... change no verdict.
     """
     material = [
         prompts.PROMPT_VERSION,
@@ -187,6 +190,8 @@ def judge_version(config: JudgeConfig) -> str:
         list(config.examples),
         list(config.negative_examples),
     ]
+    if config.then:  # only for a cascade: a single judge's version (and cache) stays the same
+        material.append([[j.model, j.when, j.unsure_below] for j in config.then])
     encoded = json.dumps(material, ensure_ascii=False, separators=(",", ":")).encode()
     return hashlib.sha256(encoded).hexdigest()[:16]
 
@@ -439,6 +444,8 @@ class Judge:
     """Judges changes against one watch's ``JudgeConfig``. Close it (or use ``with``)."""
 
     def __init__(self, config: JudgeConfig, *, client: openai.OpenAI | None = None) -> None:
+        if config.then:
+            raise ValueError("a judge cascade is judged by evaluators.cascade.make_judge")
         self.config = config
         self.version = judge_version(config)
         self._owns_client = client is None

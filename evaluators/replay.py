@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import polars as pl
+from changewatch.evaluators.cascade import AnyJudge, cascade_label
 from changewatch.evaluators.change_logs import has_change_log
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.evaluate import EvaluationStats, dedupe_key, judge_changes
 from changewatch.evaluators.filters import compile_filter
-from changewatch.evaluators.judge import Judge
 from changewatch.evaluators.judge_budget import open_budget
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
@@ -53,7 +53,8 @@ class ReplayResult:
 
 
 def _version(watch: Watch) -> str:
-    judged = f"{watch.judge.condition}\x00{watch.judge.model}" if watch.judge else ""
+    # A cascade's models in order; a single judge's model alone (its versions stay as they were).
+    judged = f"{watch.judge.condition}\x00{cascade_label(watch.judge)}" if watch.judge else ""
     return hashlib.sha256(f"{watch.where}\x00{judged}".encode()).hexdigest()[:12]
 
 
@@ -63,7 +64,7 @@ def replay_watch(
     sources: Mapping[str, SourceBase],
     *,
     since: datetime,
-    judge: Judge | None = None,
+    judge: AnyJudge | None = None,
 ) -> ReplayResult:
     """Replay ``watch`` (already edited, see ``replayed``) over changes since ``since``."""
     with wh.transaction():

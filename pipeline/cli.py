@@ -285,7 +285,11 @@ def _validate(config: ChangewatchConfig) -> int:
         f"{len(config.channels)} channel(s), {len(config.digests)} digest(s)"
     )
     # Not a fault of the file, and the other watches run: said, not refused.
-    local = [w.name for w in config.watches if w.judge and w.judge.model == "local"]
+    local = [
+        w.name
+        for w in config.watches
+        if w.judge and any(j.model == "local" for j in w.judge.judges())
+    ]
     if local:
         from changewatch.evaluators import local_model
 
@@ -332,8 +336,8 @@ def _explain(config: ChangewatchConfig, watch_name: str, key: str) -> int:
 def _replay(config: ChangewatchConfig, args: argparse.Namespace) -> int:
     from datetime import UTC, datetime, timedelta
 
+    from changewatch.evaluators.cascade import make_judge
     from changewatch.evaluators.filters import compile_filter
-    from changewatch.evaluators.judge import Judge
     from changewatch.evaluators.replay import format_replay, replay_watch, replayed
     from changewatch.sources.base import parse_duration
     from changewatch.warehouse import connect
@@ -349,7 +353,7 @@ def _replay(config: ChangewatchConfig, args: argparse.Namespace) -> int:
         compile_filter(
             watch.where, watch=watch.name, columns={c: s.type for c, s in source.columns.items()}
         )
-    judge = Judge(watch.judge) if watch.judge else None
+    judge = make_judge(watch.judge) if watch.judge else None
     try:
         with connect() as wh:
             result = replay_watch(wh, watch, sources, since=since, judge=judge)

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import dagster as dg
+from changewatch.evaluators.cascade import AnyJudge, make_judge
 from changewatch.evaluators.config import Watch
-from changewatch.evaluators.judge import Judge, build_client
 from changewatch.pipeline.locations import WAREHOUSE_URL_ENV
 from changewatch.warehouse import DEFAULT_URL, Warehouse, connect, describe_url
 
@@ -81,7 +81,7 @@ class JudgeResource(dg.ConfigurableResource):
     the key itself is read from the environment when the client is built, never stored.
     """
 
-    def judge_for(self, watch: Watch) -> Judge | None:
+    def judge_for(self, watch: Watch) -> AnyJudge | None:
         if watch.judge is None:
             return None
-        return Judge(watch.judge, client=build_client(watch.judge))
+        return make_judge(watch.judge)  # a Judge, or a Cascade of them (evaluators/cascade.py)
