@@ -20,7 +20,7 @@ needs the ``[local]`` extra; without it, it says so and exits 2.
 
 Run from the repository root (an hour of CPU on two cores for both shipped models)::
 
-    .venv-local/bin/python bench/bench_judge_models.py --gguf /path/to/gemma-3-270m.gguf
+    .venv-local/bin/python bench/bench_judge_models.py --gguf /path/to/gemma-3-270m.gguf --jobs 2
     .venv-local/bin/python bench/bench_judge_models.py --limit 2      # a smoke run
 """
 
@@ -118,6 +118,9 @@ def main() -> int:
     parser.add_argument("--gguf", action="append", default=[], help="another candidate model")
     parser.add_argument("--limit", type=int, help="examples per file and split (a smoke run)")
     parser.add_argument("--results", help="where the results files go (default: a temp dir)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="models judged at once (llama.cpp: a core each)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: results folder
     args = parser.parse_args()
     if args.one:
@@ -131,17 +134,27 @@ def main() -> int:
     assert bundled is not None
     out = Path(args.results or tempfile.mkdtemp(prefix="cw-judge-models-"))
     print(f"examples: {EVALS} (tuned on split tune, scored on split test); results in {out}")
-    for path in [bundled, *map(Path, args.gguf)]:
+    paths = [bundled, *map(Path, args.gguf)]
+    children: list[subprocess.Popen[str]] = []
+    for path in paths:
+        if len(children) >= args.jobs:  # at most --jobs at once (each takes one core)
+            children[-args.jobs].wait()
         folder = out / path.stem
         folder.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, __file__, "--one", str(folder)]
         command += ["--limit", str(args.limit)] if args.limit else []
         env = os.environ | {local_model.MODEL_ENV: str(path)}
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-        if done.returncode:
-            print(f"{path.name}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+        children.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for path, child in zip(paths, children, strict=True):
+        stdout, stderr = child.communicate()
+        if child.returncode:
+            print(f"{path.name}: failed\n{stderr[-2000:]}", file=sys.stderr)
             return 1
-        m = json.loads(done.stdout.splitlines()[-1])
+        m = json.loads(stdout.splitlines()[-1])
         test = m["test"]
         print(f"\n{path.name} ({path.stat().st_size / 1e6:.0f} MB)")
         for name, tuned in m["tune"].items():

@@ -454,6 +454,12 @@ class Judge:
         # schema into a grammar, and a model that small needs it to answer in shape.
         mode = instructor.Mode.JSON_SCHEMA if config.model == LOCAL_MODEL else instructor.Mode.JSON
         self._instructor = instructor.from_openai(self._client, mode=mode)
+        # The bundled local model's verdicts say they are a smoke test's (see local_model).
+        self._mark = None
+        if config.model == LOCAL_MODEL:
+            from changewatch.evaluators import local_model
+
+            self._mark = local_model.SMOKE_TEST_MARK if local_model.smoke_test() else None
         self._system_prompt = render_system_prompt(config)
         self._context, self._count = prompt_fit.token_counter(config)
         self._budget = self._context - self._reserved(mode)
@@ -559,6 +565,8 @@ class Judge:
             )
             # A clean copy: instructor attaches the raw completion and usage to its result.
             verdict = Verdict.model_validate(answer.model_dump())
+            if self._mark is not None:
+                verdict = verdict.model_copy(update={"summary": f"{self._mark} {verdict.summary}"})
             if fitted.note is not None:  # stored with the verdict: it was judged on a part
                 note = f"[Cut to fit the model's context of {self._context} tokens: {fitted.note}.]"
                 verdict = verdict.model_copy(update={"reasoning": f"{note} {verdict.reasoning}"})

@@ -35,12 +35,14 @@ __all__ = [
     "MIN_TIMEOUT",
     "MODEL_ENV",
     "MODEL_FILE",
+    "SMOKE_TEST_MARK",
     "available",
     "base_url",
     "count_tokens",
     "expected_path",
     "load_model",
     "model_path",
+    "smoke_test",
     "unavailable",
 ]
 
@@ -68,6 +70,11 @@ _SEED = 0
 # up would leave the model busy with an answer nobody reads while the next request waits.
 MIN_TIMEOUT = 300.0
 
+# The bundled model is a smoke test, not a judge: on the held-out part of evals/ it scores far
+# below what judgement needs (bench/bench_judge_models.py; the README's table). Its verdicts'
+# summaries, which notifications show, start with this, so none reads as a judgement.
+SMOKE_TEST_MARK = "[smoke test: the bundled local model, not a judgement]"
+
 _server: _Server | None = None
 _server_lock = threading.Lock()
 
@@ -81,6 +88,11 @@ def expected_path() -> Path | None:
         return Path(str(distribution(_DISTRIBUTION).locate_file(MODEL_FILE)))
     except PackageNotFoundError:
         return None
+
+
+def smoke_test() -> bool:
+    """Whether `model: local` is the bundled smoke-test model (no other GGUF file named)."""
+    return not os.environ.get(MODEL_ENV)
 
 
 def model_path() -> Path | None:

@@ -152,11 +152,24 @@ def _judge_line(watch: str, judge: JudgeConfig) -> str:
     from changewatch.evaluators import local_model
 
     if judge.model == LOCAL_MODEL:
-        return (
+        line = (
             f"judge of {watch}: the local model "
             f"({(local_model.model_path() or Path(local_model.MODEL_FILE)).stem}, in this "
             "process: no key, no network)"
         )
+        if local_model.smoke_test():
+            # Measured (README, "Choosing the offline model"): far below judgement on evals/.
+            line += (
+                f"\n   a SMOKE TEST, not a judge: it shows the path works; on the held-out "
+                f"examples of evals/ it scores far below the F1 of 0.7 a judge needs, so its "
+                f"notifications are marked '{local_model.SMOKE_TEST_MARK}'. For verdicts worth "
+                f"reading, serve a model (any OpenAI-compatible server: Ollama, vLLM, "
+                f"llama-server, OpenAI) and score it first: changewatch eval --model llama3.2 "
+                f"--base-url http://127.0.0.1:11434/v1 --split test; then "
+                f"{LLM_BASE_URL_ENV}=http://127.0.0.1:11434/v1 {LLM_MODEL_ENV}=llama3.2 "
+                "changewatch demo"
+            )
+        return line
     line = f"judge of {watch}: {judge.model} at {judge.base_url}"
     if not local_model.available():
         line += (

@@ -18,7 +18,8 @@ from changewatch.evaluators import local_model
 from changewatch.evaluators.config import JudgeConfig
 from changewatch.evaluators.judge import ChangeForJudge, Judge, Verdict
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
-from changewatch.warehouse import connect
+from changewatch.warehouse import DEFAULT_URL, connect
+from changewatch.warehouse.urls import duckdb_path
 from cw_testing import REPO
 from test_cli import evaluations, run_cli
 
@@ -122,12 +123,17 @@ def test_the_demo_judges_with_the_local_model(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert (
         "judge of security_review: the local model (SmolLM2-135M-Instruct.Q4_1, in this "
-        "process: no key, no network)\n"
+        "process: no key, no network)\n   a SMOKE TEST, not a judge: "
     ) in done.stdout
+    assert "score it first: changewatch eval --model llama3.2 --base-url " in done.stdout
     rounds = done.stdout.split("\n== ")[1:4]
     review = evaluations(rounds[0])["security_review"]
     assert (review["judged"], review["held"]) == (2, 0)
     assert "are held" not in done.stdout
+    # What it notified says it is a smoke test's, not a judgement.
+    with connect(f"duckdb:///{tmp_path / duckdb_path(DEFAULT_URL)}") as wh:
+        summaries = [row[0] for row in wh.fetch("SELECT summary FROM judge_cache")]
+    assert summaries and all(s.startswith(local_model.SMOKE_TEST_MARK) for s in summaries)
 
 
 def test_bench_local_judge_runs() -> None:
@@ -191,3 +197,17 @@ def test_the_build_is_portable() -> None:
     info = llama_cpp.llama_print_system_info().decode()
     used = set(re.findall(r"(\w+) = 1", info))
     assert not {f for f in used if f.startswith(("AVX512", "AMX", "AVX_VNNI"))}, info
+
+
+def test_bench_judge_models_runs() -> None:
+    """One example per file and split: the tune-then-test path, not the figures."""
+    done = subprocess.run(
+        [sys.executable, "bench/bench_judge_models.py", "--limit", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf (98 MB)\n  tune: condition only: F1 " in done.stdout
+    assert "  test (4 examples): precision " in done.stdout and "(load average " in done.stdout
