@@ -42,9 +42,12 @@ __all__ = [
 WEBHOOK_SENSOR = "sync_on_webhook"
 # How many deliveries a webhook-triggered run covers (for the UI; the inbox has the ids).
 DELIVERIES_TAG = "changewatch/webhook_deliveries"
-# Seconds between ticks: reading the inbox costs a millisecond, and each second here is a
-# second of every webhook's latency.
-WEBHOOK_TICK_S = 5
+# The least seconds between ticks: reading the inbox costs a millisecond, and each second
+# between ticks is a second of a webhook's latency. The daemon evaluates sensors every 5 s
+# (dagster/_daemon/sensor.py); a minimum of 5 made it skip every pass that came a few ms
+# early, so ticks came 10 s apart about half the time (bench/bench_webhooks.py). Below the
+# daemon's pass, every pass ticks.
+WEBHOOK_TICK_S = 1
 
 S = TypeVar("S", bound=SourceBase)
 

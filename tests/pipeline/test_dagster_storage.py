@@ -62,6 +62,8 @@ def test_project_dagster_yaml_is_a_valid_instance_config(tmp_path, monkeypatch):
 
         coordinator = instance.run_coordinator
         assert isinstance(coordinator, QueuedRunCoordinator)
+        # A pass of the queue every second: a webhook's run waits for the next one.
+        assert coordinator.dequeue_interval_seconds == 1
         queue = instance.get_concurrency_config().run_queue_config
         assert queue.max_concurrent_runs == 4
         limits = [dict(limit) for limit in queue.tag_concurrency_limits]

@@ -422,6 +422,7 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
         instance.event_log_storage.set_concurrency_slots("warehouse/notifications", 1)
         assert instance.event_log_storage.get_concurrency_keys() == {"warehouse/notifications"}
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)
+        assert instance.run_coordinator.dequeue_interval_seconds == 1
         queue = instance.get_concurrency_config().run_queue_config
         assert queue.max_concurrent_runs == 8
         assert [dict(limit) for limit in queue.tag_concurrency_limits] == [
