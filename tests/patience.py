@@ -54,12 +54,15 @@ def descendants(pid: int) -> set[int]:
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
-    """CPU time used so far by ``pids`` and their descendants (exited ones no longer count)."""
+    """CPU time used so far by ``pids`` and their descendants, exited ones included once their
+    parent has reaped them (a code server's finished run workers): the sum does not drop
+    when a busy child ends, which would look like a stall until the others made it up."""
     total = 0
     for pid in _tree(pids):
         fields = _stat(pid)
         if fields:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+            # utime, stime, and cutime, cstime: those of the children it has waited for.
+            total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
     return total / _TICK
 
 
