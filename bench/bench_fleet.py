@@ -217,6 +217,14 @@ class Deployment:
             if proc is not None and proc.poll() is not None:
                 tail = (self.logs / f"{name.split()[0]}.log").read_text()[-3000:]
                 raise SystemExit(f"the {name} ended (exit {proc.returncode}):\n{tail}")
+        if self.daemon is not None and len(proctree.snapshot([self.code.pid])) < 2:
+            # The proxy stays up when the server it spawned ends, and does not start another:
+            # sensors then fail at every tick. The server ends when it misses the proxy's
+            # heartbeats for --heartbeat-ttl seconds (30 by default).
+            raise SystemExit(
+                "the code server's API server ended (its proxy is still up): see "
+                f"{self.logs / 'code.log'}; --heartbeat-ttl gives it longer"
+            )
 
 
 def free_port() -> int:
@@ -231,7 +239,9 @@ def listening(port: int) -> bool:
 
 
 @contextmanager
-def deployment(folder: Path, env: dict[str, str], limit: float) -> Iterator[Deployment]:
+def deployment(
+    folder: Path, env: dict[str, str], limit: float, code_options: list[str]
+) -> Iterator[Deployment]:
     """deploy/'s one-off step, then its code server and, once that listens (as the compose
     file's health check waits), the daemon; on leaving, both are stopped with every process
     they started."""
@@ -250,7 +260,7 @@ def deployment(folder: Path, env: dict[str, str], limit: float) -> Iterator[Depl
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(init[1:])}` failed: {done.stderr.strip()[-1000:]}")
     code = [str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(port)]
-    code += ["-m", "changewatch.pipeline.definitions"]
+    code += ["-m", "changewatch.pipeline.definitions", *code_options]
     daemon = [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]
     with ExitStack() as stack:
 
@@ -683,7 +693,8 @@ def running(
             "CHANGEWATCH_CONFIG": str(config(api.url)),
             "CHANGEWATCH_WAREHOUSE_URL": warehouse,
         }
-        deploy = stack.enter_context(deployment(folder, env, args.warmup_limit))
+        options = ["--heartbeat-ttl", str(args.heartbeat_ttl)] if args.heartbeat_ttl else []
+        deploy = stack.enter_context(deployment(folder, env, args.warmup_limit, options))
         sampler = stack.enter_context(Sampler(deploy, args.sample))
         yield Running(
             api, dagster, warehouse, deploy, sampler, Tail(folder / "notifications.jsonl")
@@ -936,6 +947,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-polls", type=int, default=3, help="0 skips the baseline")
     parser.add_argument("--sample", type=float, default=2.0, help="seconds between samples")
     parser.add_argument("--warmup-limit", type=float, default=3600.0)
+    parser.add_argument(
+        "--heartbeat-ttl",
+        type=int,
+        help="seconds the code server's API server waits for its proxy's heartbeat "
+        "(dagster code-server start --heartbeat-ttl; Dagster's default 30)",
+    )
     parser.add_argument(
         "--pg-url", default=os.environ.get("CHANGEWATCH_TEST_PG_URL", DEFAULT_PG_URL)
     )
