@@ -179,22 +179,28 @@ def watches_file(
 
 @contextmanager
 def fresh_storage(pg_url: str, keep: bool) -> Iterator[tuple[str, str]]:
-    """A Dagster database and a warehouse schema of their own: the psycopg2 URL of the one,
-    the warehouse URL of the other; dropped afterwards unless ``keep``."""
+    """A database for Dagster's storage and one for the warehouse, as deploy/ has them: the
+    psycopg2 URL of the one, the warehouse URL of the other; dropped afterwards unless
+    ``keep`` (a whole database: dropping a schema of 2,000 tables in one transaction runs
+    out of lock slots)."""
     name = f"bench_fleet_{uuid.uuid4().hex[:10]}"
     parts = urlsplit(pg_url)
     admin = psycopg2.connect(pg_url)
     admin.autocommit = True
+    created = []
     try:
         with admin.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
+            for db in (name, f"{name}_wh"):
+                cur.execute(f'CREATE DATABASE "{db}"')
+                created.append(db)
         dagster = urlunsplit(parts._replace(scheme="postgresql+psycopg2", path=f"/{name}"))
-        yield dagster, f"{pg_url}?schema={name}"
+        warehouse = urlunsplit(parts._replace(path=f"/{name}_wh", query="schema=warehouse"))
+        yield dagster, warehouse
     finally:
         if not keep:
             with admin.cursor() as cur:
-                cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-                cur.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+                for db in created:
+                    cur.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
         admin.close()
 
 
