@@ -19,7 +19,9 @@ yearly cron, only so that stale timestamps have a receiver that checks them.
    Webhooks timestamp outside the tolerance, a replayed delivery id with another body (under
    the captured signature, and signed anew as a provider's retry would be), a body over
    ``webhook.max_body_bytes``. The inbox is counted before and after.
-3. ``--events`` events at even ``--spacing``: each updates one issue of the API, then POSTs a
+3. ``--events`` events, ``--spacing`` seconds apart on average (a Poisson process, seeded:
+   evenly spaced events would keep one phase against the daemon's 5 s sensor pass and always
+   wait the same part of it); each updates one issue of the API, then POSTs a
    signed delivery, and sends it again (a provider's retry, same delivery id) a random
    0.5-``--retry-within`` seconds later. A share ``--drop`` of the events sends no webhook
    at all, the last ``--tail-drops`` of them among those, so only the reconciliation poll
@@ -482,8 +484,9 @@ def send_events(
     rng: random.Random,
     first: int = 0,
 ) -> list[Event]:
-    """Events at even spacing, event i's webhook dropped when ``plan[i]``; each one sent is
-    sent again (a provider's retry) 0.5 to ``--retry-within`` seconds later."""
+    """Events at random times, ``--spacing`` apart on average, event i's webhook dropped when
+    ``plan[i]``; each one sent is sent again (a provider's retry) 0.5 to ``--retry-within``
+    seconds later."""
     events: list[Event] = []
     retries: list[tuple[float, int]] = []  # a heap of (when, event index)
 
@@ -495,9 +498,9 @@ def send_events(
             body = provider.body(event.number, event.comments)
             event.retry_status = provider.post(body, provider.headers(event.delivery, body))
 
-    start = time.time()
+    due = time.time()
     for i, dropped in enumerate(plan):
-        due = start + i * args.spacing
+        due += rng.expovariate(1 / args.spacing) if i else 0.0
         retry_until(due)
         deploy.check_alive()
         time.sleep(max(0.0, due - time.time()))
@@ -706,7 +709,7 @@ def report(f: Figures) -> None:
     bound = f.reconcile_s + SYNC_TICK_S + (pct(f.webhook_latency, 95) or 0.0)
     print()
     print(
-        f"backend {f.backend}, {f.events} events {f.spacing_s:g} s apart, reconcile "
+        f"backend {f.backend}, {f.events} events {f.spacing_s:g} s apart on average, reconcile "
         f"{f.reconcile_s:g} s; load average {' '.join(f'{x:.2f}' for x in f.load_before)} before,"
         f" {' '.join(f'{x:.2f}' for x in f.load_after)} after"
     )
@@ -803,7 +806,7 @@ def measured_phase(
     dropped = set(
         rng.sample(range(count), max(0, round(args.drop * args.events) - args.tail_drops))
     )
-    print(f"sending {count} events, {args.spacing:g} s apart, {len(dropped)} without a webhook")
+    print(f"sending {count} events, {args.spacing:g} s apart on average, {len(dropped)} dropped")
     events = send_events(provider, [i in dropped for i in range(count)], args, deploy, rng)
     settle(events, args, tail, runs, deploy)
     if args.tail_drops:
@@ -834,7 +837,7 @@ def settle(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200)
-    parser.add_argument("--spacing", type=float, default=10.0, help="seconds between events")
+    parser.add_argument("--spacing", type=float, default=10.0, help="mean seconds between events")
     parser.add_argument("--drop", type=float, default=0.1, help="share of events sent no webhook")
     parser.add_argument("--tail-drops", type=int, default=1, help="last events dropped")
     parser.add_argument("--retry-within", type=float, default=30.0, help="retry delay bound, s")
