@@ -12,10 +12,8 @@ from __future__ import annotations
 import html
 import logging
 import re
-import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -23,6 +21,7 @@ from changewatch.channels.base import strip_controls
 from changewatch.channels.config import FeedbackConfig
 from changewatch.channels.feedback import VERDICTS, feedback_key, verify_signature
 from changewatch.evaluators.feedback import UnknownNotification, record_feedback
+from changewatch.evaluators.threaded_server import ThreadedServer
 from changewatch.warehouse import WarehouseError, connect
 
 __all__ = ["FeedbackServer"]
@@ -42,7 +41,7 @@ _HEADERS = {
 }
 
 
-class FeedbackServer:
+class FeedbackServer(ThreadedServer):
     """Serves feedback links on ``host:port`` (0 picks a free port) in a background thread.
 
     ``warehouse_url`` is where feedback is recorded (default: as ``connect()`` chooses).
@@ -63,49 +62,7 @@ class FeedbackServer:
         self.retry_after = retry_after
         # One recording at a time: a DuckDB file takes one connection of this process.
         self.record_lock = threading.Lock()
-        try:
-            self._httpd = _HTTPServer((host, port), self)
-        except OSError as error:
-            # Name the address: "Address already in use" alone does not say which.
-            raise OSError(error.errno, error.strerror, f"{host}:{port}") from None
-        self._thread: threading.Thread | None = None
-
-    def __repr__(self) -> str:
-        return f"FeedbackServer({self.url!r})"  # never the key
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> FeedbackServer:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="changewatch-feedback", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until interrupted."""
-        self._httpd.serve_forever()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._httpd.server_close()
-
-    def __enter__(self) -> FeedbackServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        super().__init__(host, port, _Handler, name="changewatch-feedback", log=log)
 
     def record(self, notification_id: str, verdict: str, note: str | None) -> tuple[int, str]:
         """Record one verdict; the HTTP status and the page's message."""
@@ -128,23 +85,9 @@ class FeedbackServer:
         return 200, f"Thank you: recorded as {verdict} (watch {watch})."
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = False  # a second server on a taken port must fail, not share it
-
-    def __init__(self, address: tuple[str, int], app: FeedbackServer) -> None:
-        self.app = app
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exception(), OSError):
-            return  # a client hanging up mid-response
-        log.exception("feedback server: request failed")
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "changewatch-feedback/1"
-    server: _HTTPServer
+    server: Any  # its .app is the FeedbackServer
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         # Never the query: it holds the link's signature.

@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
+from changewatch.evaluators.threaded_server import ThreadedServer
 from changewatch.pipeline.errors import ChangewatchError
 from changewatch.pipeline.inbox import Inbox
 from changewatch.pipeline.webhook_signatures import (
@@ -96,7 +94,7 @@ def webhook_routes(sources: Sequence[SourceBase], environ: Mapping[str, str]) ->
     return routes
 
 
-class WebhookReceiver:
+class WebhookReceiver(ThreadedServer):
     """Receives the sources' webhooks on ``host:port`` (0 picks a free port).
 
     ``environ`` holds the secrets (default: the process environment), ``clock`` the time that
@@ -119,48 +117,7 @@ class WebhookReceiver:
         self.routes = webhook_routes(sources, os.environ if environ is None else environ)
         self.inbox = inbox
         self.clock = clock
-        try:
-            self._httpd = _HTTPServer((host, port), self)
-        except OSError as error:
-            raise OSError(error.errno, error.strerror, f"{host}:{port}") from None
-        self._thread: threading.Thread | None = None
-
-    def __repr__(self) -> str:
-        return f"WebhookReceiver({self.url!r})"  # never the keys
-
-    @property
-    def url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> WebhookReceiver:
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="changewatch-webhooks", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until interrupted."""
-        self._httpd.serve_forever()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._httpd.shutdown()
-            self._thread.join()
-            self._thread = None
-        self._httpd.server_close()
-
-    def __enter__(self) -> WebhookReceiver:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        super().__init__(host, port, _Handler, name="changewatch-webhooks", log=log)
 
     def receive(self, route: Route, headers: Mapping[str, str], body: bytes) -> tuple[int, dict]:
         """Verify and store one delivery; the HTTP status and a short JSON answer."""
@@ -205,24 +162,10 @@ class WebhookReceiver:
         return (202 if new else 200), {"status": status, "delivery": verified.delivery_id}
 
 
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = False  # a second receiver on a taken port must fail, not share it
-
-    def __init__(self, address: tuple[str, int], app: WebhookReceiver) -> None:
-        self.app = app
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exception(), OSError):
-            return  # a client hanging up or stalling mid-request
-        log.exception("webhook receiver: request failed")
-
-
 class _Handler(BaseHTTPRequestHandler):
     server_version = "changewatch-webhooks/1"
     timeout = _SOCKET_TIMEOUT
-    server: _HTTPServer
+    server: Any  # its .app is the WebhookReceiver
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         log.debug("%s %s -> %s", self.command, urlsplit(self.path).path, code)
