@@ -50,13 +50,11 @@ mid-bench; bench a clean copy (``git archive HEAD``, with ``PYTHONPATH`` pointin
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,6 +77,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/proctree.py be
 import proctree  # noqa: E402
 from changewatch.pipeline.timing import jitter_offset  # noqa: E402
 from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
+from proctree import die_with_parent, free_port, listening, stop_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
@@ -233,17 +232,6 @@ class Deployment:
             )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @contextmanager
 def deployment(
     folder: Path, env: dict[str, str], limit: float, code_options: list[str]
@@ -287,35 +275,6 @@ def deployment(
             time.sleep(0.5)
         deploy.daemon = start("daemon", daemon)
         yield deploy
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child imports nothing
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """In the child: be killed when the bench dies, even by SIGKILL (a test's timeout), so
-    no daemon or code server outlives it (the code server's own server stops without the
-    heartbeats of its proxy)."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def stop_tree(proc: subprocess.Popen) -> None:
-    """End ``proc`` and everything under it, by pid: TERM, then KILL what is left."""
-    pids = list(proctree.tree(proctree.snapshot([proc.pid]), [proc.pid]))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            continue
-        if sig == signal.SIGTERM:
-            time.sleep(1)  # the code server's workers end after it
-    proc.wait()
 
 
 # -- sampling -----------------------------------------------------------------------------

@@ -48,7 +48,6 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import heapq
 import hmac
@@ -57,8 +56,6 @@ import os
 import random
 import re
 import shutil
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -80,6 +77,10 @@ import psycopg2
 import yaml
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from standardwebhooks import Webhook
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/proctree.py beside this file
+
+from proctree import cpu_seconds, die_with_parent, free_port, listening, stop_tree  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -192,70 +193,6 @@ def storage(backend: str, pg_url: str, folder: Path) -> Iterator[dict[str, str]]
 
 
 # -- the processes ------------------------------------------------------------------------
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child imports nothing
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """In the child: be killed when the bench dies, however it dies."""
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _stat(pid: int) -> list[str] | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def tree(roots: list[int]) -> dict[int, list[str]]:
-    """``roots`` and their descendants: pid -> /proc stat fields after the command name."""
-    procs = {
-        int(e.name): s
-        for e in os.scandir("/proc")
-        if e.name.isdigit() and (s := _stat(int(e.name)))
-    }
-    found = {pid: procs[pid] for pid in roots if pid in procs}
-    grew = True
-    while grew:
-        more = {pid: s for pid, s in procs.items() if int(s[1]) in found and pid not in found}
-        found |= more
-        grew = bool(more)
-    return found
-
-
-def cpu_seconds(root: int) -> float:
-    """User+system CPU of ``root``'s tree, reaped children (ended run workers) included."""
-    tick = os.sysconf("SC_CLK_TCK")
-    return sum(sum(int(s[i]) for i in (11, 12, 13, 14)) for s in tree([root]).values()) / tick
-
-
-def stop_tree(proc: subprocess.Popen) -> None:
-    """End ``proc`` and every process under it, by pid: TERM, then KILL what is left."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in tree([proc.pid]):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(timeout=15)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-    proc.wait()
 
 
 @dataclass

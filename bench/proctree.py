@@ -1,4 +1,6 @@
-"""CPU and memory of the process trees a bench started, read from /proc (Linux).
+"""The process trees a bench starts: their CPU and memory, read from /proc (Linux), and
+starting and stopping them (a child that dies with the bench, a whole tree ended, a free
+loopback port and whether something listens on it).
 
 A tree's CPU is each member's own user+system time plus the time of the children it has
 reaped (``cutime``+``cstime``): a run worker counts while it runs (a zombie too) and, once its
@@ -9,12 +11,28 @@ member ends while it is being read, so no time is counted twice or missed at tha
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Proc", "cmdline", "hwm_bytes", "snapshot", "tree"]
+__all__ = [
+    "Proc",
+    "cmdline",
+    "cpu_seconds",
+    "die_with_parent",
+    "free_port",
+    "hwm_bytes",
+    "listening",
+    "snapshot",
+    "stop_tree",
+    "tree",
+]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -105,3 +123,48 @@ def hwm_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_seconds(root: int) -> float:
+    """User+system CPU of ``root``'s tree so far, reaped children (ended run workers) included."""
+    return sum(p.own + p.reaped for p in snapshot([root]).values())
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: a forked child imports nothing
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In the child (``preexec_fn``): be killed when the bench dies, even by SIGKILL (a test's
+    timeout), so no daemon or code server outlives it (the code server's own server stops
+    without the heartbeats of its proxy)."""
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def stop_tree(proc: subprocess.Popen) -> None:
+    """End ``proc`` and everything under it, by pid: TERM, then KILL what is left."""
+    pids = list(tree(snapshot([proc.pid]), [proc.pid]))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:
+            time.sleep(1)  # the code server's workers end after it
+    proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
