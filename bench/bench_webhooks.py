@@ -218,6 +218,11 @@ def deployment(
     home = Path(env["DAGSTER_HOME"])
     code_port = free_port()
     env = env | {"CHANGEWATCH_CODE_HOST": "127.0.0.1", "CHANGEWATCH_CODE_PORT": str(code_port)}
+    # The instance's storage is made once, before anything opens it: processes that each
+    # find a fresh SQLite home and make it at once can both stamp its schema version, and
+    # every later open then fails ("alembic_version has more than one head").
+    migrate = [str(BIN / "dagster"), "instance", "migrate"]
+    subprocess.run(migrate, env=env, cwd=home, check=True, capture_output=True)
     if "DAGSTER_PG_URL" in env:  # deploy/'s one-off step: the pool's limit, set once
         init = [str(BIN / "dagster"), "instance", "concurrency", "set", "warehouse/notifications"]
         subprocess.run([*init, "1"], env=env, cwd=home, check=True, capture_output=True)
