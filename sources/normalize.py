@@ -245,7 +245,9 @@ def _records(
             # DuckDB in UTC whatever the machine's zone, and the hash depends on it.
             con.execute(
                 "SET TimeZone = 'UTC'; "
-                + sql.load("create_records_documents").format(records=_records_expr(records_path))
+                + sql.load("create_records_documents").format(
+                    records=_records_expr(records_path), record=_record_expr(config)
+                )
             )
         except duckdb.Error as error:
             raise _locate_bad_document(con, config, error) from None
@@ -353,6 +355,20 @@ def _records_expr(records_path: str | None) -> str:
     if records_path:
         return f"json_extract(doc, {_literal(_dotted_json_path(records_path))})"
     return "doc"
+
+
+def _record_expr(config: SourceBase) -> str:
+    """Each record as stored: a fleet target's carries its target (the key includes it).
+
+    Stamped here, in the one columnar pass, rather than record by record as pages arrive;
+    a value upstream sent under the target column's name is replaced, and a record that is
+    no object is left for the checks that name it.
+    """
+    scope = config.target_scope
+    if scope is None:
+        return "raw"
+    stamp = _literal(json.dumps({scope.column: scope.value}))
+    return f"CASE WHEN json_type(raw) = 'OBJECT' THEN json_merge_patch(raw, {stamp}) ELSE raw END"
 
 
 def _statement(config: SourceBase) -> str:

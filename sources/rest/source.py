@@ -199,10 +199,8 @@ class RestSource:
             with self._context():
                 params[config.incremental.param] = cursor_param(cursor, config.incremental)
         snapshot = config.sync == "snapshot"
-        # A fleet target's records carry their target (its column is in the primary key).
-        scope = config.target_scope
-        stamp = {scope.column: scope.value} if scope is not None else {}
-        own = _Listing(config.url, params, config.paginator, config.records_path, copied=stamp)
+        # A fleet target's records get their target in normalization (sources/normalize.py).
+        own = _Listing(config.url, params, config.paginator, config.records_path)
         conditional = make_paginator(config.paginator).conditional
         walk = _Walk((validators or {}) if conditional else {}, config.records_path, sink)
         deadline = deadline or Deadline.after(config.sync_timeout)

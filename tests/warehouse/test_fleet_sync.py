@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 import pytest
 from changewatch.sources import build_source
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
@@ -74,6 +75,23 @@ def test_targets_share_a_table_and_keep_their_own_state(
         assert sync(wh, config, "acme/a").changed == 0
         runs = wh.fetch("SELECT source, count(*) FROM sync_runs GROUP BY source ORDER BY source")
         assert runs == [("team_issues[acme/a]", 2), ("team_issues[acme/b]", 2)]
+
+
+def test_each_stored_record_carries_its_target_over_a_field_of_that_name(
+    warehouse_url: str, two_repos: DemoAPIServer
+) -> None:
+    # Upstream issues have a `state` field: as the target column, the target replaces it.
+    config = rest_fleet(two_repos, target_column="state")
+    with connect(warehouse_url) as wh:
+        for repo in REPOS:
+            sync(wh, config, repo)
+        rows = wh.fetch("SELECT state, _raw FROM team_issues ORDER BY state, number")
+        assert [state for state, _ in rows] == ["acme/a"] * 30 + ["acme/b"] * 20
+        raws = [orjson.loads(raw) for _, raw in rows]
+        assert [raw["state"] for raw in raws] == [state for state, _ in rows]
+        assert all(raw["title"] for raw in raws)  # the rest of the record as it came
+        # Stamped the same way each time: nothing reads as changed.
+        assert sync(wh, config, "acme/a").changed == 0
 
 
 def test_a_targets_snapshot_deletes_only_its_own_rows(
