@@ -15,7 +15,8 @@ phase of its own:
 * warm-up: every target's first sync (its first probe always says "changed"); then changes
   begin: ``--change-rate`` of the targets each minute (default 5%), one issue updated at a
   time, at even spacing, on targets drawn at random; after one ``--interval`` of changes
-  (steady state) the measured window of ``--minutes`` begins, changes going on through it;
+  (steady state) the measured window of ``--minutes`` begins (one value, or one per
+  ``--sources`` count), changes going on through it;
   afterwards the bench waits for the last changes' notifications.
 
 Counted over the window: CPU (user+system) of the daemon, of the code server (its proxy and
@@ -40,7 +41,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_fleet.py                                   # 100 and 1,000
     .venv/bin/python bench/bench_fleet.py --sources 100 --interval 60 --minutes 5
-    .venv/bin/python bench/bench_fleet.py --sources 1000 --minutes 30       # the figure run
+    .venv/bin/python bench/bench_fleet.py --sources 100 1000 --minutes 10 30  # the figure run
     .venv/bin/python bench/bench_fleet.py --shape plain fleet --sources 100
 
 Run workers import the code from the checkout: a tree others are editing can fail a run
@@ -699,7 +700,9 @@ def count_syncs(figures: Figures, run: Running, first: Sample, last: Sample) -> 
     figures.rss_peak["run worker"] = run.sampler.run_peak
 
 
-def probed_phase(args: argparse.Namespace, shape: str, count: int, folder: Path) -> Figures:
+def probed_phase(
+    args: argparse.Namespace, shape: str, count: int, minutes: float, folder: Path
+) -> Figures:
     """N probed targets (plain sources or one fleet) with changes: the issue's figures."""
     interval = args.interval
     jitter = args.jitter if args.jitter is not None else interval * 0.95
@@ -721,7 +724,7 @@ def probed_phase(args: argparse.Namespace, shape: str, count: int, folder: Path)
         settle_end = time.time() + interval  # changes noticed as fast as they come: steady
         wait_for("settling", lambda: time.time() >= settle_end, run.deploy, run.tail, interval + 60)
         first, requests_before = run.sampler.take(), run.api.stats()["requests"]
-        end = first.at + args.minutes * 60
+        end = first.at + minutes * 60
         wait_for("the window", lambda: time.time() >= end, run.deploy, run.tail, end - began)
         last, requests_after = run.sampler.take(), run.api.stats()["requests"]
         changer.stop()
@@ -903,7 +906,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--interval", type=float, default=300.0, help="seconds between polls")
     parser.add_argument("--jitter", type=float, help="seconds (default 0.95 x interval)")
-    parser.add_argument("--minutes", type=float, default=10.0, help="the measured window")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        nargs="+",
+        default=[10.0],
+        help="the measured window: one value, or one per --sources count",
+    )
     parser.add_argument(
         "--change-rate", type=float, default=0.05, help="share of the sources changing each minute"
     )
@@ -924,11 +933,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep databases and logs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
+    windows = args.minutes * len(args.sources) if len(args.minutes) == 1 else args.minutes
+    if len(windows) != len(args.sources):
+        parser.error("--minutes takes one value, or one per --sources count")
     # A TERM (Ctrl-C too) unwinds the phase: processes stopped, databases dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_fleet: terminated"))
     cores = os.cpu_count() or 1
     print(
-        f"bench_fleet: interval {args.interval:g} s, window {args.minutes:g} min, "
+        f"bench_fleet: interval {args.interval:g} s, "
+        f"window {'/'.join(f'{m:g}' for m in args.minutes)} min, "
         f"{args.change_rate * 100:g}% of sources changing a minute, {args.issues} issues "
         f"each; {cores} cores, load average {os.getloadavg()[0]:.1f} at start",
         flush=True,
@@ -937,10 +950,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="bench_fleet_")
     try:
         for shape in args.shape:
-            for count in args.sources:
+            for count, minutes in zip(args.sources, windows, strict=True):
                 folder = Path(tmp) / f"{shape}{count}"
                 folder.mkdir()
-                phases.append(probed_phase(args, shape, count, folder))
+                phases.append(probed_phase(args, shape, count, minutes, folder))
                 print(f"  {phases[-1].label}: done", flush=True)
         if args.baseline_polls:
             folder = Path(tmp) / "baseline"
