@@ -48,19 +48,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import instructor
-import openai
 from changewatch.evaluators import prompt_fit, prompts
 from changewatch.evaluators.config import LOCAL_MODEL, JudgeConfig
+from changewatch.evaluators.deferred import Deferred
 from changewatch.evaluators.verdict_limits import capped
-from instructor.core import (
-    AsyncValidationError,
-    HookName,
-    Hooks,
-    IncompleteOutputException,
-    InstructorRetryException,
-    ResponseParsingError,
-)
 from pydantic import BaseModel, Field, ValidationError, field_validator
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
@@ -91,7 +82,21 @@ _MIN_CHANGE_TOKENS = 256
 # Longest server message quoted in an error.
 _MAX_MESSAGE_CHARS = 200
 # Errors of the model's answer, which instructor re-asks about.
-_PARSE_ERRORS = (ValidationError, json.JSONDecodeError, ResponseParsingError, AsyncValidationError)
+# The client libraries take some 0.9 s of CPU to import, and every run and CLI command imports
+# this module for its types while most judge nothing: they load at the first call that needs
+# them.
+openai: Any = Deferred("openai")
+instructor: Any = Deferred("instructor")
+_core: Any = Deferred("instructor.core")
+
+
+def _parse_errors() -> tuple[type[Exception], ...]:
+    return (
+        ValidationError,
+        json.JSONDecodeError,
+        _core.ResponseParsingError,
+        _core.AsyncValidationError,
+    )
 
 
 # server: the model server failed (connection, timeout, 5xx, rate limit, authentication);
@@ -341,7 +346,7 @@ def _is_transient(exc: BaseException) -> bool:
 
 
 def _should_retry(exc: BaseException) -> bool:
-    return isinstance(exc, _PARSE_ERRORS) or _is_transient(exc)
+    return isinstance(exc, _parse_errors()) or _is_transient(exc)
 
 
 def _wait(state: RetryCallState) -> float:
@@ -383,12 +388,14 @@ def _validation_summary(exc: BaseException) -> str:
 def _describe(exc: BaseException, config: JudgeConfig, attempts: int) -> str:
     """A short reason for a failed judgement, free of secrets."""
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
-    if isinstance(exc, ResponseParsingError):  # e.g. "No choices in OpenAI response (mode: ...)"
+    if isinstance(
+        exc, _core.ResponseParsingError
+    ):  # e.g. "No choices in OpenAI response (mode: ...)"
         said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:_MAX_MESSAGE_CHARS]
         return f"no valid verdict after {tries}: {said}"
-    if isinstance(exc, _PARSE_ERRORS):
+    if isinstance(exc, _parse_errors()):
         return f"no valid verdict after {tries}: validation failed: {_validation_summary(exc)}"
-    if isinstance(exc, IncompleteOutputException):
+    if isinstance(exc, _core.IncompleteOutputException):
         return "the model's answer was cut off (finish_reason=length)"
     if isinstance(exc, openai.APITimeoutError):
         return f"the model server did not answer within {config.timeout:g}s"
@@ -410,7 +417,7 @@ def _describe(exc: BaseException, config: JudgeConfig, attempts: int) -> str:
 def _fault(exc: BaseException) -> Fault:
     """Whose problem a failed judgement was. Only the server's would fail the next change
     the same way; a change too long or an answer invalid is that change's own."""
-    if isinstance(exc, (IncompleteOutputException, *_PARSE_ERRORS)):
+    if isinstance(exc, (_core.IncompleteOutputException, *_parse_errors())):
         return "answer"
     if isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 413, 422):
         return "change"
@@ -424,14 +431,14 @@ def _root_cause(exc: BaseException) -> BaseException:
     (an empty ``choices`` list raises IndexError there): then the answer's own error, which
     the last failed attempt records.
     """
-    if isinstance(exc, InstructorRetryException):
+    if isinstance(exc, _core.InstructorRetryException):
         answered = [
             attempt.exception
             for attempt in exc.failed_attempts or []
-            if isinstance(attempt.exception, (openai.OpenAIError, *_PARSE_ERRORS))
+            if isinstance(attempt.exception, (openai.OpenAIError, *_parse_errors()))
         ]
         cause = exc.__cause__
-        if answered and not isinstance(cause, (openai.OpenAIError, *_PARSE_ERRORS)):
+        if answered and not isinstance(cause, (openai.OpenAIError, *_parse_errors())):
             return answered[-1]
         if cause is not None:
             return cause
@@ -526,9 +533,9 @@ class Judge:
             counts["prompt"] += int(getattr(usage, "prompt_tokens", 0) or 0)
             counts["completion"] += int(getattr(usage, "completion_tokens", 0) or 0)
 
-        hooks = Hooks()
-        hooks.on(HookName.COMPLETION_KWARGS, on_request)
-        hooks.on(HookName.COMPLETION_RESPONSE, on_response)
+        hooks = _core.Hooks()
+        hooks.on(_core.HookName.COMPLETION_KWARGS, on_request)
+        hooks.on(_core.HookName.COMPLETION_RESPONSE, on_response)
         retrying = Retrying(
             stop=stop_after_attempt(config.max_retries + 1),
             retry=retry_if_exception(_should_retry),
@@ -575,10 +582,14 @@ class Judge:
                 max_reasoning=config.max_reasoning_chars,
                 max_summary=config.max_summary_chars,
             )
-        except (InstructorRetryException, IncompleteOutputException, openai.OpenAIError) as exc:
+        except (
+            _core.InstructorRetryException,
+            _core.IncompleteOutputException,
+            openai.OpenAIError,
+        ) as exc:
             cause = _root_cause(exc)
             if not isinstance(
-                cause, (openai.OpenAIError, IncompleteOutputException, *_PARSE_ERRORS)
+                cause, (openai.OpenAIError, _core.IncompleteOutputException, *_parse_errors())
             ):
                 raise  # a bug, not an unavailable judge
             error = _describe(cause, config, counts["attempts"])
