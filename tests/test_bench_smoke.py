@@ -60,6 +60,21 @@ def test_bench_probe_runs_on_a_few_sources() -> None:
     assert "per unchanged poll" in done.stdout
 
 
+def test_bench_definitions_loads_the_code_location_for_a_few_sources() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_definitions.py", "--sources", "2", "--rounds", "1"]
+        + ["--snapshot"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    [row] = [line.split() for line in done.stdout.splitlines() if line.startswith("   this tree")]
+    # sources, CPU per load, per source, RSS, code server start CPU, its RSS
+    assert row[2] == "2" and float(row[3]) > 0 and float(row[6]) >= float(row[3]) * 0.5
+
+
 @pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
 def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> None:
     figures_path = tmp_path / "figures.json"
