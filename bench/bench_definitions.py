@@ -7,7 +7,7 @@ server (and ``dagster dev``) does more at its start: it resolves every job and s
 daemon and the UI a snapshot of them all; ``--snapshot`` measures that too, as Dagster makes
 it (``RepositorySnap.from_def``, a private API: this is a bench). For each N in
 ``--sources`` this writes bench_fleet's watches file (N ``rest`` sources with a watch each,
-filters and all), then imports the module ``--rounds`` times, each in a fresh process, and
+filters and all; ``--shape fleet``: one fleet of N targets and one watch), then imports the module ``--rounds`` times, each in a fresh process, and
 prints the least CPU (user + system, from the child's ``wait4``) and peak RSS of one
 load, beside those of a process that imports Dagster, polars and DuckDB alone (the floor).
 Nothing is contacted: the warehouse URL is only read. ``--against REV`` loads that git
@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_fleet import watches_file  # noqa: E402
+from bench_fleet import SHAPES, watches_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = "import dagster, polars, duckdb"
@@ -77,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--snapshot", action="store_true", help="also the code server's start (load + snapshot)"
     )
+    parser.add_argument(
+        "--shape",
+        choices=SHAPES,
+        default="plain",
+        help="N plain sources with a watch each, or one fleet of N targets with one watch",
+    )
     args = parser.parse_args(argv)
     env = os.environ | {"CHANGEWATCH_WAREHOUSE_URL": "postgresql://bench@127.0.0.1:1/none"}
     floor = min(cost(FLOOR, env)[0] for _ in range(args.rounds))
@@ -97,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir()
             config = {
                 "CHANGEWATCH_CONFIG": str(
-                    watches_file(folder, "http://127.0.0.1:9", count, 300.0, 285.0)
+                    watches_file(
+                        folder, "http://127.0.0.1:9", count, 300.0, 285.0, shape=args.shape
+                    )
                 )
             }
             runs: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}

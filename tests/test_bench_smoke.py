@@ -107,3 +107,25 @@ def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> 
     ):
         assert line in done.stdout
     assert "TARGET" in done.stdout
+
+
+@pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
+def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_path) -> None:
+    # One fleet source of 3 targets under a live daemon: the fleet sensor probes each target
+    # and asks one run over the partition range of those that changed.
+    figures_path = tmp_path / "figures.json"
+    done = patience.run(
+        [
+            sys.executable,
+            "bench/bench_fleet.py",
+            *("--shape", "fleet", "--sources", "3", "--interval", "20", "--minutes", "0.5"),
+            *("--change-rate", "1", "--baseline-polls", "0", "--json", str(figures_path)),
+        ],
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [figures] = json.loads(figures_path.read_text())
+    assert figures["label"] == "3 fleet targets"
+    assert figures["changes"] > 0 and figures["missing"] == 0
+    assert figures["runs"] > 0 and figures["runs_failed"] == 0 and figures["syncs_failed"] == 0
+    assert set(figures["triggers"]) <= {"probe", "interval", "reconcile"}
