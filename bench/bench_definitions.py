@@ -7,9 +7,10 @@ server (and ``dagster dev``) does more at its start: it resolves every job and s
 daemon and the UI a snapshot of them all; ``--snapshot`` measures that too, as Dagster makes
 it (``RepositorySnap.from_def``, a private API: this is a bench). For each N in
 ``--sources`` this writes bench_fleet's watches file (N ``rest`` sources with a watch each,
-filters and all; ``--shape fleet``: one fleet of N targets and one watch), then imports the module ``--rounds`` times, each in a fresh process, and
-prints the least CPU (user + system, from the child's ``wait4``) and peak RSS of one
-load, beside those of a process that imports Dagster, polars and DuckDB alone (the floor).
+filters and all; ``--shape fleet``: one fleet of N targets and one watch), then imports
+the module ``--rounds`` times, each in a fresh process, and prints the least CPU (user +
+system, from the child's ``wait4``) and peak RSS of one load, beside those of a process
+that imports Dagster, polars and DuckDB alone (the floor).
 Nothing is contacted: the warehouse URL is only read. ``--against REV`` loads that git
 revision's code too (``git archive``, put first on ``PYTHONPATH``), round by round in turn
 with the working tree's, so both see the same machine.
