@@ -126,6 +126,7 @@ def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_pat
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [figures] = json.loads(figures_path.read_text())
     assert figures["label"] == "3 fleet targets"
+    # Every change made was notified (so its target's run ran), whenever in the phase.
     assert figures["changes"] > 0 and figures["missing"] == 0
-    assert figures["runs"] > 0 and figures["runs_failed"] == 0 and figures["syncs_failed"] == 0
+    assert figures["runs_failed"] == 0 and figures["syncs_failed"] == 0
     assert set(figures["triggers"]) <= {"probe", "interval", "reconcile"}
