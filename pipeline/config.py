@@ -160,9 +160,6 @@ class ChangewatchConfig(BaseModel):
             index = self._positions.get(name)
         if index is not None:
             return self.sources[index]
-        for source in self.sources:
-            if source.name == name:
-                return source
         raise KeyError(f"no source {name!r}; known: {[s.name for s in self.sources]}")
 
 
