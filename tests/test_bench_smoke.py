@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import patience
 import pytest
@@ -75,13 +76,15 @@ def test_bench_definitions_loads_the_code_location_for_a_few_sources() -> None:
     assert row[2] == "2" and float(row[3]) > 0 and float(row[6]) >= float(row[3]) * 0.5
 
 
-@pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
-def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> None:
+def bench_fleet(tmp_path: Path, *options: str) -> tuple[str, dict]:
+    """bench_fleet on 3 targets polled every 20 s, each changing once a minute, a 30 s
+    window, no baseline: its output and its one phase's figures."""
     figures_path = tmp_path / "figures.json"
     done = patience.run(
         [
             sys.executable,
             "bench/bench_fleet.py",
+            *options,
             *("--sources", "3", "--interval", "20", "--minutes", "0.5"),
             *("--change-rate", "1", "--baseline-polls", "0", "--json", str(figures_path)),
         ],
@@ -89,6 +92,12 @@ def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> 
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [figures] = json.loads(figures_path.read_text())
+    return done.stdout, figures
+
+
+@pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
+def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> None:
+    stdout, figures = bench_fleet(tmp_path)
     assert figures["label"] == "3 sources"
     # The sensor probed during the window, and changes were made and each one notified.
     assert figures["probes"] > 0
@@ -105,26 +114,15 @@ def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> 
         "change->notification p50/p95/max s",
         "RSS peak MiB daemon / code / run",
     ):
-        assert line in done.stdout
-    assert "TARGET" in done.stdout
+        assert line in stdout
+    assert "TARGET" in stdout
 
 
 @pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
 def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_path) -> None:
     # One fleet source of 3 targets under a live daemon: the fleet sensor probes each target
     # and asks one run over the partition range of those that changed.
-    figures_path = tmp_path / "figures.json"
-    done = patience.run(
-        [
-            sys.executable,
-            "bench/bench_fleet.py",
-            *("--shape", "fleet", "--sources", "3", "--interval", "20", "--minutes", "0.5"),
-            *("--change-rate", "1", "--baseline-polls", "0", "--json", str(figures_path)),
-        ],
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    [figures] = json.loads(figures_path.read_text())
+    _, figures = bench_fleet(tmp_path, "--shape", "fleet")
     assert figures["label"] == "3 fleet targets"
     # Every change made was notified (so its target's run ran), whenever in the phase.
     assert figures["changes"] > 0 and figures["missing"] == 0
