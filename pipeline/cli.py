@@ -455,7 +455,7 @@ def _sync(config: ChangewatchConfig, names: Sequence[str], *, silent: bool, full
         tags[FULL_TAG] = "true"
     dagster = instance()
     print(locations(dagster))
-    # One run of each source's job, as the sensor requests them. A failed run (its sync, or
+    # One sync run of each source, as the sensor requests them. A failed run (its sync, or
     # one of its watches) never stops the next source's: each says itself, the last raises.
     failures: list[RunFailed] = []
     for name in names:

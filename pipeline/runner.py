@@ -105,12 +105,13 @@ def sync_source(
     *,
     tags: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Run the source's own job (sync, its watches, delivery), as the sensor would: the run
-    is recorded under the job's name, so the UI lists it with the sensor's runs. A fleet's
-    run covers every target (see ``fleet_range``)."""
+    """Run the source's sync (sync, its watches, delivery) as the sensor would: a run of the
+    sync job selecting the source's assets, so the UI lists it with the sensor's runs. A
+    fleet's run, of its own job, covers every target (see ``fleet_range``)."""
     found: dict[str, dict[str, Any]] = {}
     extra: dict[str, str] = {}
-    if is_fleet(config.source(source)):
+    fleet = is_fleet(config.source(source))
+    if fleet:
         extra, found = fleet_range(config, config.source(source), dagster_instance)
         if not extra:
             return found  # a query that gave no target: nothing to sync
@@ -118,6 +119,7 @@ def sync_source(
         config,
         sync_job_name(config.source(source)),
         dagster_instance,
+        asset_selection=None if fleet else source_job_assets(config, [source]),
         tags={**sync_tags([source]), **extra, **(tags or {})},
     )
 
@@ -143,14 +145,18 @@ def run_job(
     dagster_instance: dg.DagsterInstance,
     *,
     partition_key: str | None = None,
+    asset_selection: Sequence[str] | None = None,
     tags: dict[str, str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Run one job of the definitions in process, recorded under its own name (as its sensor
-    or schedule would run it); return each materialized asset's metadata values."""
+    or schedule would run it), only the named assets of it if ``asset_selection``; return
+    each materialized asset's metadata values."""
     job = build_definitions(config).resolve_job_def(job_name)
+    selected = [dg.AssetKey(name) for name in asset_selection] if asset_selection else None
     result = job.execute_in_process(
         instance=dagster_instance,
         partition_key=partition_key,
+        asset_selection=selected,
         tags=tags or {},
         run_config=_QUIET,
         raise_on_error=False,  # _metadata raises RunFailed, after collecting what did run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
@@ -21,12 +21,14 @@ from changewatch.pipeline.probing import Decision, decide, due_probes, probe_sta
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.pipeline.triggers import DEMO_API_URL, is_demo_source
 from changewatch.sources import SourceConfig
+from changewatch.sources.fleet import is_fleet
 from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
 
 __all__ = [
     "BATCH_TAG",
     "DEBOUNCE_SCHEDULE",
     "DEMO_SENSOR",
+    "SYNC_JOB",
     "SYNC_SENSOR",
     "TRIGGER_TAG",
     "cron_schedule",
@@ -36,10 +38,13 @@ __all__ = [
     "is_demo_source",
     "sweep_schedule",
     "sync_job_name",
+    "sync_request",
     "sync_sensor",
 ]
 
 SYNC_SENSOR = "sync_due_sources"
+# The job that syncs plain sources, each run selecting its sources' assets.
+SYNC_JOB = "sync_sources"
 # Why the sensor requested a run: probe (a change), reconcile, or interval.
 TRIGGER_TAG = "changewatch/trigger"
 # How many sources a batched run syncs.
@@ -49,12 +54,28 @@ DEMO_SENSOR = "sync_demo_api"
 
 
 def sync_job_name(source: SourceConfig) -> str:
-    return f"sync_{source.name}"
+    """The job a sync of ``source`` runs: the one job of all plain sources (each run selects
+    its sources' assets), or a fleet's own (its runs name partitions)."""
+    return f"sync_{source.name}" if is_fleet(source) else SYNC_JOB
+
+
+def sync_request(
+    source: str, selection: Sequence[dg.AssetKey], *, run_key: str | None, tags: dict[str, str]
+) -> dg.RunRequest:
+    """A run of the sync job doing one plain source: its sync, watches and delivery."""
+    return dg.RunRequest(
+        run_key=run_key,
+        job_name=SYNC_JOB,
+        asset_selection=list(selection),
+        # One run of a source at a time: deploy/dagster.yaml limits runs per this tag.
+        tags={SOURCE_TAG: source, **tags},
+    )
 
 
 def sync_sensor(
     sources: list[SourceConfig],
-    jobs: list[dg.UnresolvedAssetJobDefinition],
+    job: dg.UnresolvedAssetJobDefinition,
+    selections: Mapping[str, list[dg.AssetKey]],
     *,
     clock: Callable[[], float] = time.time,
     name: str = SYNC_SENSOR,
@@ -64,8 +85,7 @@ def sync_sensor(
         "it changed, its probe failed, or its probe.reconcile time has passed."
     ),
     clients: ProbeClients | None = None,
-    batch_job: dg.UnresolvedAssetJobDefinition | None = None,
-    selections: Mapping[str, list[dg.AssetKey]] | None = None,
+    batch: bool = True,
     schedule_job: dg.UnresolvedAssetJobDefinition | None = None,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
@@ -78,9 +98,10 @@ def sync_sensor(
     cursor anyway. Probe state lives in the sensor's cursor (never the warehouse, which a
     running sync may hold); ``clients`` keeps connections across ticks, made at the first.
 
-    With ``batch_job`` (and each source's run assets in ``selections``), several syncs due at
-    one tick become one run of it, selecting their assets, so a run's start-up (some 5
-    core-seconds) is paid once per tick; its run key is a hash of theirs.
+    Each run is of ``job``, selecting its sources' assets (``selections``: each source's sync,
+    watches and delivery); several syncs due at one tick become one run, so a run's start-up
+    (some 5 core-seconds) is paid once per tick; its run key is a hash of theirs. With
+    ``batch=False`` each sync is a run of its own, keyed by its decision.
 
     Sources with ``min_interval``/``max_interval`` are probed when their adaptive envelope says
     (pipeline/envelope.py). A source that meets a stop condition is paused in the Dagster
@@ -92,11 +113,11 @@ def sync_sensor(
     stopping = [s.name for s in sources if s.stop.active]
     adaptive = {s.name for s in sources if s.min_interval is not None}
     tables = {s.name: s.table for s in sources}
-    extra = [j for j in (batch_job, schedule_job) if j is not None]
+    extra = [schedule_job] if schedule_job is not None else []
 
     @dg.sensor(
         name=name,
-        jobs=[*jobs, *extra],
+        jobs=[job, *extra],
         minimum_interval_seconds=30,
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
@@ -124,19 +145,19 @@ def sync_sensor(
             source = by_name[request.source]
             slot = due_slot(now, source.interval, jitter_offset(source.name, source.jitter))
             requests.append(
-                dg.RunRequest(
+                sync_request(
+                    source.name,
+                    selections[source.name],
                     run_key=request.run_key,
-                    job_name=sync_job_name(source),
                     tags={
-                        SOURCE_TAG: source.name,
                         "changewatch/slot": str(slot),
                         TRIGGER_TAG: request.reason,
                         POLL_TAG: schedule_tag(decision.schedules, [source.name], now),
                     },
                 )
             )
-        if batch_job is not None and selections is not None and len(requests) > 1:
-            requests = [_batched(batch_job.name, requests, selections)]
+        if batch and len(requests) > 1:
+            requests = [_batched(job.name, requests, selections)]
         changed = [*decision.pauses, *decision.resumed]
         if schedule_job is not None and changed:
             requests.append(schedule_run(schedule_tag(decision.schedules, changed, now)))
@@ -183,15 +204,17 @@ def _batched(
 
 def demo_sensor(
     sources: list[SourceConfig],
-    jobs: list[dg.UnresolvedAssetJobDefinition],
-    **batching: Any,
+    job: dg.UnresolvedAssetJobDefinition,
+    selections: Mapping[str, list[dg.AssetKey]],
+    **options: Any,
 ) -> dg.SensorDefinition:
     """The sensor of the sources on the demo API: stopped until someone serves the API, so
     ``dagster dev`` after ``changewatch demo`` (whose API is gone) starts no failing runs."""
     return sync_sensor(
         sources,
-        jobs,
-        **batching,
+        job,
+        selections,
+        **options,
         name=DEMO_SENSOR,
         running=False,
         description=(
@@ -203,13 +226,17 @@ def demo_sensor(
 
 
 def cron_schedule(
-    source: SourceConfig, job: dg.UnresolvedAssetJobDefinition
+    source: SourceConfig,
+    job: dg.UnresolvedAssetJobDefinition,
+    selection: Sequence[dg.AssetKey],
 ) -> dg.ScheduleDefinition:
-    """A schedule for a source declared with ``cron`` instead of an interval."""
+    """A schedule for a source declared with ``cron`` instead of an interval; ``selection``
+    is what its runs of ``job`` do (its sync, watches and delivery)."""
     assert source.cron is not None
     return _source_schedule(
         source,
         job,
+        selection,
         name=f"sync_{source.name}_schedule",
         cron=source.cron,
         description=f"Syncs {source.name} on cron '{source.cron}' ({source.timezone}).",
@@ -217,13 +244,16 @@ def cron_schedule(
 
 
 def sweep_schedule(
-    source: SourceConfig, job: dg.UnresolvedAssetJobDefinition
+    source: SourceConfig,
+    job: dg.UnresolvedAssetJobDefinition,
+    selection: Sequence[dg.AssetKey],
 ) -> dg.ScheduleDefinition:
-    """The reconciliation sweep of a source: its job, walking the complete listing."""
+    """The reconciliation sweep of a source: its sync run, walking the complete listing."""
     assert source.reconcile is not None
     return _source_schedule(
         source,
         job,
+        selection,
         name=f"sweep_{source.name}_schedule",
         cron=source.reconcile,
         extra_tags={FULL_TAG: "true"},
@@ -237,21 +267,29 @@ def sweep_schedule(
 def _source_schedule(
     source: SourceConfig,
     job: dg.UnresolvedAssetJobDefinition,
+    selection: Sequence[dg.AssetKey],
     *,
     name: str,
     cron: str,
     description: str,
     extra_tags: dict[str, str] | None = None,
 ) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
+    tags = {SOURCE_TAG: source.name, **(extra_tags or {})}
+    # A fleet's job is its own: its runs do all of it.
+    selected = None if is_fleet(source) else list(selection)
+
+    @dg.schedule(
         name=name,
         cron_schedule=cron,
         execution_timezone=source.timezone,
         job=job,
-        tags={SOURCE_TAG: source.name, **(extra_tags or {})},
         default_status=dg.DefaultScheduleStatus.RUNNING,
         description=description,
     )
+    def _schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        return dg.RunRequest(asset_selection=selected, tags=tags)
+
+    return _schedule
 
 
 def debounce_cron(debounces: list[float]) -> str:

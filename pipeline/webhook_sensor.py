@@ -3,9 +3,9 @@ polling that reconciles what a webhook missed.
 
 The receiver (pipeline/receiver.py) stores verified deliveries in the inbox
 (pipeline/inbox.py). Every few seconds this sensor reads the deliveries after its cursor (the
-last inbox seq it saw) that no sync has covered, and requests one sync run of each source they
-are for: the source's own job (sync, its watches, delivery), so a webhook's change is typed,
-hashed, logged and notified exactly as a polled one, and a change seen by both is one change
+last inbox seq it saw) that no sync has covered, and requests a sync of each source they are
+for: the source's ordinary sync run (sync, its watches, delivery), so a webhook's change is
+typed, hashed, logged and notified exactly as a polled one, and a change seen by both is one change
 (same key, same hash) and at most one notification (the outbox's dedupe key). The run key
 comes from the delivery ids, so each delivery starts at most one run however often a tick is
 evaluated; the sync, once committed, marks the deliveries it covered consumed
@@ -28,6 +28,7 @@ from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.inbox import Inbox, Pending, inbox_path
 from changewatch.pipeline.sensors import TRIGGER_TAG
 from changewatch.sources.base import ProbeSettings, SourceBase
+from changewatch.sources.fleet import is_fleet
 
 __all__ = [
     "DELIVERIES_TAG",
@@ -90,16 +91,19 @@ def _digest(ids: list[str]) -> str:
 def webhook_sensor(
     sources: Sequence[SourceBase],
     jobs: Mapping[str, dg.UnresolvedAssetJobDefinition],
+    selections: Mapping[str, Sequence[dg.AssetKey]],
     *,
     inbox: Callable[[], Inbox] = lambda: Inbox(inbox_path()),
 ) -> dg.SensorDefinition:
     """The sensor that syncs ``sources`` (those with ``webhook:``) when deliveries wait for
-    them; ``jobs`` holds each source's job by name, ``inbox`` opens the inbox at a tick."""
+    them; ``jobs`` holds the job of each source by its name, ``selections`` what its runs
+    select (a fleet's: everything), ``inbox`` opens the inbox at a tick."""
     names = [source.name for source in sources]
+    fleets = {source.name: is_fleet(source) for source in sources}
 
     @dg.sensor(
         name=WEBHOOK_SENSOR,
-        jobs=[jobs[name] for name in names],
+        jobs=list({jobs[name].name: jobs[name] for name in names}.values()),
         minimum_interval_seconds=WEBHOOK_TICK_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -124,6 +128,7 @@ def webhook_sensor(
             dg.RunRequest(
                 run_key=request.run_key,
                 job_name=jobs[request.source].name,
+                asset_selection=None if fleets[request.source] else selections[request.source],
                 tags={
                     SOURCE_TAG: request.source,
                     TRIGGER_TAG: "webhook",

@@ -25,6 +25,7 @@ from changewatch.pipeline.resources import (
     warehouse_url,
 )
 from changewatch.pipeline.sensors import (
+    SYNC_JOB,
     cron_schedule,
     debounce_schedule,
     demo_sensor,
@@ -43,11 +44,9 @@ from changewatch.pipeline.watch_assets import (
 )
 from changewatch.pipeline.webhook_sensor import reconciling, webhook_sensor
 
-__all__ = ["BATCH_JOB", "DELIVER_JOB", "build_definitions", "digest_job_name"]
+__all__ = ["DELIVER_JOB", "SYNC_JOB", "build_definitions", "digest_job_name", "run_selections"]
 
 DELIVER_JOB = "deliver_notifications"
-# Syncs several sources in one run (pipeline/sensors.py's sync sensor asks it).
-BATCH_JOB = "sync_batch"
 
 
 def digest_job_name(name: str) -> str:
@@ -80,20 +79,15 @@ def build_definitions(
     }
     assets += list(digests.values())
 
-    jobs = {}
     selections = {source.name: _run_assets(source, config) for source in config.sources}
-    for source in config.sources:
-        # A sync run carries its changes all the way: sync, evaluate, deliver.
-        selected = selections[source.name]
-        jobs[source.name] = dg.define_asset_job(
-            sync_job_name(source),
-            selection=dg.AssetSelection.assets(*selected),
-            tags={SOURCE_TAG: source.name},
-            # Steps run inside the run's process: one process holds the DuckDB file at a time.
-            executor_def=dg.in_process_executor,
-            description=f"Sync source {source.name} into table {source.table}"
-            + (", evaluate its watches and deliver." if len(selected) > 1 else "."),
-        )
+    fleets = [s for s in config.sources if is_fleet(s)]
+    plain = [s for s in config.sources if not is_fleet(s)]
+    # One job syncs every plain source, each run selecting its sources' assets: a job per
+    # source would copy the delivery asset's inputs (every watch) into each, so resolving
+    # them at the code server's start grew with sources squared (bench/bench_definitions.py).
+    sync_job = _sync_job(plain, selections, _batch_executor(url, environ)) if plain else None
+    # A fleet's runs name partitions of its own: it keeps a job of its own.
+    jobs = {s.name: sync_job for s in plain} | {s.name: _fleet_job(s, selections) for s in fleets}
     digest_jobs = [
         dg.define_asset_job(
             digest_job_name(name),
@@ -103,35 +97,29 @@ def build_definitions(
         )
         for name, asset in digests.items()
     ]
-    # Fleets have a sensor of their own: their runs name partitions, no batch can hold them.
-    fleets = [s for s in config.sources if is_fleet(s)]
-    interval_sources = [s for s in config.sources if s.cron is None and not is_fleet(s)]
+    interval_sources = [s for s in plain if s.cron is None]
     live = [s for s in interval_sources if not is_demo_source(s)]
     demo = [s for s in interval_sources if is_demo_source(s)]
-    # A sensor of one source has nothing to batch: its runs stay that source's own job.
-    batched = len(live) > 1 or len(demo) > 1
-    batch = (
-        _batch_job(interval_sources, selections, _batch_executor(url, environ)) if batched else None
-    )
-    keys = {name: [dg.AssetKey(a) for a in assets] for name, assets in selections.items()}
+    keys = run_selections(config)
     # Pauses and resumes leave no sync to record them: a small run of their own does.
     schedule_job = poll_schedule_job() if any(s.stop.active for s in interval_sources) else None
     if schedule_job is not None:
         assets.append(poll_schedule_asset(warehouse_url=url))
 
-    def batching(group: list) -> dict:
-        recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
-        return recorded | ({"batch_job": batch, "selections": keys} if len(group) > 1 else {})
-
-    sensors = [sync_sensor(live, [jobs[s.name] for s in live], **batching(live))] if live else []
-    sensors += [demo_sensor(demo, [jobs[s.name] for s in demo], **batching(demo))] if demo else []
+    recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
+    sensors = [sync_sensor(live, sync_job, keys, **recorded)] if live else []
+    sensors += [demo_sensor(demo, sync_job, keys, **recorded)] if demo else []
     fleet_only = [j for s in fleets for j in fleet_jobs(s)]
     if fleets:
         sensors.append(fleet_sensor(fleets, [jobs[s.name] for s in fleets] + fleet_only))
     hooked = [s for s in config.sources if s.webhook is not None]
-    sensors += [webhook_sensor(hooked, jobs)] if hooked else []
-    schedules = [cron_schedule(s, jobs[s.name]) for s in config.sources if s.cron is not None]
-    schedules += [sweep_schedule(s, jobs[s.name]) for s in config.sources if s.reconcile]
+    sensors += [webhook_sensor(hooked, jobs, keys)] if hooked else []
+    schedules = [
+        cron_schedule(s, jobs[s.name], keys[s.name]) for s in config.sources if s.cron is not None
+    ]
+    schedules += [
+        sweep_schedule(s, jobs[s.name], keys[s.name]) for s in config.sources if s.reconcile
+    ]
     schedules += [
         _digest_schedule(digest, job)
         for digest, job in zip(config.digests, digest_jobs, strict=True)
@@ -155,9 +143,8 @@ def build_definitions(
         schedules.append(schedule)
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values())
+        jobs=list({job.name: job for job in jobs.values()}.values())
         + fleet_only
-        + ([batch] if batch is not None else [])
         + ([schedule_job] if schedule_job is not None else [])
         + digest_jobs
         + delivery_jobs
@@ -169,6 +156,11 @@ def build_definitions(
     )
 
 
+def run_selections(config: ChangewatchConfig) -> dict[str, list[dg.AssetKey]]:
+    """What a sync run of each source selects, by source name (its sync, watches, delivery)."""
+    return {s.name: [dg.AssetKey(a) for a in _run_assets(s, config)] for s in config.sources}
+
+
 def _run_assets(source, config: ChangewatchConfig) -> list[str]:
     """What a sync of ``source`` runs: its sync asset, its watches' evaluations, delivery."""
     evaluations = [evaluation_asset_name(w) for w in config.watches if source.name in w.sources]
@@ -177,17 +169,36 @@ def _run_assets(source, config: ChangewatchConfig) -> list[str]:
     return selected + [NOTIFICATIONS_ASSET] if evaluations else selected
 
 
-def _batch_job(
+def _sync_job(
     sources, selections: dict[str, list[str]], executor: dg.ExecutorDefinition
 ) -> dg.UnresolvedAssetJobDefinition:
-    """The job that syncs several interval sources in one run (the sync sensor picks the
-    sources of each run by asset selection), so a run's start-up is paid once per tick."""
+    """The job that syncs plain sources: each run selects the assets of the sources it syncs
+    (its sync, its watches' evaluations, delivery), one source or all due at a sensor tick,
+    so a run's start-up is paid once per tick."""
     assets = dict.fromkeys(a for s in sources for a in selections[s.name])
     return dg.define_asset_job(
-        BATCH_JOB,
+        SYNC_JOB,
         selection=dg.AssetSelection.assets(*assets),
         executor_def=executor,
-        description="Sync the interval sources that changed at one sensor tick, in one run.",
+        description=(
+            "Sync sources, evaluate their watches and deliver; each run selects its sources "
+            "(the run's changewatch/source tag names them)."
+        ),
+    )
+
+
+def _fleet_job(source, selections: dict[str, list[str]]) -> dg.UnresolvedAssetJobDefinition:
+    """A fleet's job: its partitioned sync (a run names a range of targets), its watches,
+    delivery."""
+    selected = selections[source.name]
+    return dg.define_asset_job(
+        sync_job_name(source),
+        selection=dg.AssetSelection.assets(*selected),
+        tags={SOURCE_TAG: source.name},
+        # Steps run inside the run's process: one process holds the DuckDB file at a time.
+        executor_def=dg.in_process_executor,
+        description=f"Sync fleet {source.name} into table {source.table}"
+        + (", evaluate its watches and deliver." if len(selected) > 1 else "."),
     )
 
 

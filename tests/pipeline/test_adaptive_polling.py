@@ -27,8 +27,8 @@ from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, paused_reasons
 from changewatch.pipeline.poll_schedule import POLL_SCHEDULE_JOB, POLL_TAG, rows_of
 from changewatch.pipeline.probing import load_cursor
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import TRIGGER_TAG, sync_sensor
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.sensors import SYNC_JOB, TRIGGER_TAG, sync_sensor
+from changewatch.pipeline.wiring import build_definitions, run_selections
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.sources.ratelimit import RateLimits
@@ -70,13 +70,15 @@ class Sensor:
         url = os.environ.get(WAREHOUSE_URL_ENV, f"duckdb:///{path.parent / 'unused.duckdb'}")
         self.defs = build_definitions(config, environ={WAREHOUSE_URL_ENV: url})
         jobs = {job.name: job for job in self.defs.jobs or []}
-        schedule_job = jobs.pop(POLL_SCHEDULE_JOB, None)
+        # A run per source, to see each one's decision (batching has tests of its own).
         self.sensor = sync_sensor(
             config.sources,
-            list(jobs.values()),  # type: ignore[arg-type]
+            jobs[SYNC_JOB],  # type: ignore[arg-type]
+            run_selections(config),
             clock=lambda: self.now,
             clients=clients,
-            schedule_job=schedule_job,  # type: ignore[arg-type]
+            batch=False,
+            schedule_job=jobs.get(POLL_SCHEDULE_JOB),  # type: ignore[arg-type]
         )
         self.full = dg.Definitions(
             assets=self.defs.assets,
@@ -320,7 +322,9 @@ def test_until_pauses_without_a_probe_and_resume_refuses(tmp_path, instance, cli
 
 def run(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> None:
     job = defs.resolve_job_def(request.job_name)  # type: ignore[arg-type]
-    result = job.execute_in_process(instance=instance, tags=request.tags)
+    result = job.execute_in_process(
+        instance=instance, asset_selection=request.asset_selection, tags=request.tags
+    )
     assert result.success
 
 

@@ -232,7 +232,7 @@ def test_demo_tells_the_whole_story(
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         syncs = [run for run in runs if "changewatch/source" in run.tags]
         assert len(syncs) == 3
-        assert {run.job_name for run in syncs} == {"sync_demo_issues"}
+        assert {run.job_name for run in syncs} == {"sync_sources"}
         assert {run.tags["changewatch/source"] for run in syncs} == {"demo_issues"}
         job_assets = {"issues", "eval_new_bugs", "eval_closed_issues", "eval_security_review"}
         job_assets.add("notifications")

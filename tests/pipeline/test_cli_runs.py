@@ -31,7 +31,7 @@ def write_watches(folder: Path, url: str) -> Path:
     return path
 
 
-def test_sync_runs_each_sources_job_and_says_where(
+def test_sync_runs_each_source_in_the_sync_job_and_says_where(
     tmp_path: Path, demo_api: DemoAPIServer, warehouse_url: str
 ) -> None:
     home, work = tmp_path / "dagster_home", tmp_path / "elsewhere"
@@ -48,12 +48,17 @@ def test_sync_runs_each_sources_job_and_says_where(
     done = run_cli("sync", cwd=work, **env)
     assert done.returncode == 0, done.stdout + done.stderr
 
-    # One run per source, under the source's job (as the sensor runs it), not an ad-hoc job.
+    # One run per source, of the sync job (as the sensor runs it), not an ad-hoc job.
     with DagsterInstance.from_config(str(home)) as instance:
-        runs = sorted(instance.get_runs(), key=lambda run: run.job_name)
-        assert [run.job_name for run in runs] == ["sync_demo_again", "sync_demo_issues"]
+        runs = sorted(instance.get_runs(), key=lambda run: run.tags["changewatch/source"])
+        assert [run.job_name for run in runs] == ["sync_sources", "sync_sources"]
         assert {run.status for run in runs} == {DagsterRunStatus.SUCCESS}
         assert [run.tags["changewatch/source"] for run in runs] == ["demo_again", "demo_issues"]
+        # Each selects its own source's assets only.
+        assert [sorted(k.to_user_string() for k in run.asset_selection or []) for run in runs] == [
+            ["issues_again"],
+            ["eval_closed", "issues", "notifications"],
+        ]
 
     first = done.stdout.splitlines()[0]
     if url.startswith("duckdb"):

@@ -103,7 +103,7 @@ def test_component_joins_a_team_code_location(
             del sys.modules[name]
     keys = {key.to_user_string() for key in defs.resolve_asset_graph().get_all_asset_keys()}
     assert {"team_report", "issues", "eval_new_bugs", "notifications"} <= keys
-    assert defs.resolve_job_def("sync_demo_issues") is not None
+    assert defs.resolve_job_def("sync_sources") is not None
     assert {"warehouse", "judges"} <= set(defs.resources or {})
 
 

@@ -185,8 +185,10 @@ def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
     defs = build_definitions(load_config(path))
     (schedule,) = [s for s in defs.schedules if s.name == "sweep_demo_issues_schedule"]
     assert schedule.cron_schedule == "0 3 * * *"
-    assert schedule.job_name == "sync_demo_issues"
-    assert schedule.tags[FULL_TAG] == "true"
+    assert schedule.job_name == "sync_sources"
+    [request] = schedule.evaluate_tick(dg.build_schedule_context()).run_requests
+    assert request.tags[FULL_TAG] == "true"
+    assert dg.AssetKey("issues") in (request.asset_selection or [])
 
 
 @pytest.mark.parametrize(

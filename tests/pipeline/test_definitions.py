@@ -20,7 +20,7 @@ from changewatch.pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
 from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.sensors import DEMO_SENSOR, SYNC_SENSOR, sync_job_name
+from changewatch.pipeline.sensors import DEMO_SENSOR, SYNC_JOB, SYNC_SENSOR, sync_job_name
 from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.warehouse import DEFAULT_URL
@@ -156,12 +156,11 @@ def test_resources_are_the_warehouse_and_the_judges(defs):
 def test_sync_job_carries_changes_to_delivery_and_digest_job_sends_the_digest(defs):
     config = load_config(WATCHES)
     user_jobs = {j.name for j in defs.resolve_all_job_defs() if not j.name.startswith("__")}
-    assert {sync_job_name(s) for s in config.sources} == {"sync_demo_issues"}
-    assert user_jobs == {"sync_demo_issues", "digest_daily_job"}
+    assert {sync_job_name(s) for s in config.sources} == {SYNC_JOB}
+    assert user_jobs == {SYNC_JOB, "digest_daily_job"}
     for source in config.sources:
         job = defs.resolve_job_def(sync_job_name(source))
         assert job.executor_def is dg.in_process_executor
-        assert job.tags[SOURCE_TAG] == source.name
         expected = keys(source.table, *EVAL_ASSETS, NOTIFICATIONS_ASSET)
         assert job.asset_layer.executable_asset_keys == expected
         # The CLI runs exactly what the job runs.
@@ -187,7 +186,7 @@ def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(tmp_p
     defs = build_definitions(config, environ={})
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert sensor.name == "sync_due_sources"
-    assert [t.job_name for t in sensor.targets] == ["sync_demo_issues"]
+    assert [t.job_name for t in sensor.targets] == [SYNC_JOB]
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     repo = defs.get_repository_def()
     assert [s.name for s in repo.sensor_defs] == [SYNC_SENSOR]
@@ -230,11 +229,11 @@ def test_sources_on_the_demo_api_get_a_sensor_of_their_own_that_starts_stopped(t
     repo = defs.get_repository_def()
     assert sorted(s.name for s in repo.sensor_defs) == [DEMO_SENSOR, SYNC_SENSOR]
     demo = defs.resolve_sensor_def(DEMO_SENSOR)
-    assert [t.job_name for t in demo.targets] == ["sync_demo_issues"]
+    assert [t.job_name for t in demo.targets] == [SYNC_JOB]
     assert demo.default_status == dg.DefaultSensorStatus.STOPPED
     assert "changewatch demo-api" in (demo.description or "")
     other = defs.resolve_sensor_def(SYNC_SENSOR)
-    assert [t.job_name for t in other.targets] == ["sync_live_issues"]
+    assert [t.job_name for t in other.targets] == [SYNC_JOB]
     assert other.default_status == dg.DefaultSensorStatus.RUNNING
 
 
@@ -257,16 +256,15 @@ def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
     schedule = schedules["sync_nightly_issues_schedule"]
     assert schedule.cron_schedule == cron_source["cron"]
     assert schedule.execution_timezone == cron_source["timezone"]
-    assert schedule.job_name == "sync_nightly_issues"
-    assert schedule.tags[SOURCE_TAG] == "nightly_issues"
+    assert schedule.job_name == SYNC_JOB
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
-    # No watch is over the cron source: its job only syncs.
-    job = defs.resolve_job_def("sync_nightly_issues")
-    assert job.asset_layer.executable_asset_keys == keys("nightly_issues")
-    assert job.tags[SOURCE_TAG] == "nightly_issues"
+    # No watch is over the cron source: its runs only sync it.
+    [request] = schedule.evaluate_tick(dg.build_schedule_context()).run_requests
+    assert request.asset_selection == [dg.AssetKey("nightly_issues")]
+    assert request.tags[SOURCE_TAG] == "nightly_issues"
 
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
-    assert [t.job_name for t in sensor.targets] == [f"sync_{interval_source['name']}"]
+    assert [t.job_name for t in sensor.targets] == [SYNC_JOB]
     assert set(defs.resolve_all_asset_keys()) == keys(
         interval_source["table"],
         "nightly_issues",
@@ -286,8 +284,8 @@ def test_only_cron_sources_means_no_sensor(tmp_path):
     repo = defs.get_repository_def()
     assert repo.sensor_defs == []
     schedules = {s.job_name: s for s in repo.schedule_defs}
-    assert set(schedules) == {f"sync_{data['sources'][0]['name']}", "digest_daily_job"}
-    assert schedules[f"sync_{data['sources'][0]['name']}"].execution_timezone == "UTC"
+    assert set(schedules) == {SYNC_JOB, "digest_daily_job"}
+    assert schedules[SYNC_JOB].execution_timezone == "UTC"
 
 
 def test_warehouse_resource_comes_from_the_environment_by_name():

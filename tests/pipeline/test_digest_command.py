@@ -133,7 +133,7 @@ def test_today_is_refused_whole_and_sent_so_far_with_partial(
     # Under the digest's own job, the one its schedule runs, not an ad hoc asset job.
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         runs = {run.job_name: run for run in instance.get_runs()}
-    assert set(runs) == {"sync_demo_issues", "digest_daily_job"}
+    assert set(runs) == {"sync_sources", "digest_daily_job"}
     assert runs["digest_daily_job"].status == DagsterRunStatus.SUCCESS
     day = date.fromisoformat(runs["digest_daily_job"].tags["dagster/partition"])
     assert day in {datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2)}  # past midnight

@@ -25,7 +25,7 @@ from changewatch.pipeline.fleet import (
 )
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.runner import sync_source
-from changewatch.pipeline.sensors import TRIGGER_TAG
+from changewatch.pipeline.sensors import SYNC_JOB, TRIGGER_TAG
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
@@ -232,7 +232,7 @@ def test_a_query_fleet_reads_its_targets_in_a_run_and_retires_those_that_go(
     assert request.job_name == "resolve_team_targets" and sensor.partitions() == []
 
     run = sensor.defs.resolve_job_def
-    assert run("sync_org_repos").execute_in_process(instance=instance).success
+    assert run(SYNC_JOB).execute_in_process(instance=instance).success
     assert run(request.job_name).execute_in_process(instance=instance).success
     assert sensor.partitions() == REPOS
     [request] = sensor.tick(START + INTERVAL)  # each target's first probe: both due
@@ -243,7 +243,7 @@ def test_a_query_fleet_reads_its_targets_in_a_run_and_retires_those_that_go(
     # acme/b leaves the organization: the fleet's next run reads the query again and retires
     # its partition; its rows stay (history), nothing syncs it any more.
     del api.trackers["acme/b"]
-    assert run("sync_org_repos").execute_in_process(instance=instance).success
+    assert run(SYNC_JOB).execute_in_process(instance=instance).success
     done = run("sync_team").execute_in_process(instance=instance, partition_key="acme/a")
     assert done.success and sensor.partitions() == ["acme/a"]
     assert count(warehouse_url, ROWS) == {"acme/a": 12, "acme/b": 8}

@@ -21,6 +21,7 @@ from changewatch.pipeline.cli import main
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, paused_reasons
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
+from changewatch.pipeline.sensors import SYNC_JOB
 from changewatch.pipeline.wiring import build_definitions
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
@@ -69,7 +70,7 @@ def instance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dg.Dag
 
 
 def sync(defs: dg.Definitions, instance: dg.DagsterInstance) -> None:
-    job = defs.resolve_job_def("sync_alpha")
+    job = defs.resolve_job_def(SYNC_JOB)
     assert job.execute_in_process(instance=instance, tags={SOURCE_TAG: "alpha"}).success
 
 

@@ -23,7 +23,7 @@ from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.sensors import BATCH_TAG, SYNC_SENSOR, TRIGGER_TAG, sync_sensor
 from changewatch.pipeline.timing import due_slot
-from changewatch.pipeline.wiring import BATCH_JOB, build_definitions
+from changewatch.pipeline.wiring import SYNC_JOB, build_definitions, run_selections
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.warehouse import connect
@@ -65,10 +65,20 @@ class Sensor:
         self.cursor: str | None = None
         config = load_config(config_path)
         self.defs = build_definitions(config, environ={})
-        jobs = list(self.defs.jobs or [])
-        self.sensor = sync_sensor(config.sources, jobs, clock=lambda: self.now, clients=clients)  # type: ignore[arg-type]
+        # A run per source, to see each one's decision (batching has tests of its own).
+        self.sensor = sync_sensor(
+            config.sources,
+            next(j for j in self.defs.jobs or [] if j.name == SYNC_JOB),  # type: ignore[arg-type]
+            run_selections(config),
+            clock=lambda: self.now,
+            clients=clients,
+            batch=False,
+        )
         self.full = dg.Definitions(
-            assets=self.defs.assets, jobs=jobs, sensors=[self.sensor], resources=self.defs.resources
+            assets=self.defs.assets,
+            jobs=self.defs.jobs,
+            sensors=[self.sensor],
+            resources=self.defs.resources,
         )
         self.instance = instance
 
@@ -131,7 +141,8 @@ def test_first_tick_syncs_then_nothing_until_a_change(tmp_path, instance, client
     assert sorted(keys(first)) == ["alpha", "beta"]
     for request in first:
         name = request.tags[SOURCE_TAG]
-        assert request.job_name == f"sync_{name}"
+        assert request.job_name == SYNC_JOB
+        assert request.asset_selection == [dg.AssetKey(name)]
         assert request.tags[TRIGGER_TAG] == "probe"
         assert request.run_key.startswith(f"{name}:probe:none>")
     cursor = json.loads(sensor.cursor)  # type: ignore[arg-type]
@@ -219,7 +230,9 @@ def test_probe_false_syncs_at_every_slot_without_a_request(tmp_path, instance, c
 
 def run(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> None:
     job = defs.resolve_job_def(request.job_name)  # type: ignore[arg-type]
-    result = job.execute_in_process(instance=instance, tags=request.tags)
+    result = job.execute_in_process(
+        instance=instance, asset_selection=request.asset_selection, tags=request.tags
+    )
     assert result.success
 
 
@@ -267,13 +280,13 @@ def test_syncs_due_at_one_tick_run_together_on_both_backends(
     slot = due_slot(time.time(), INTERVAL)
     result = sensor.evaluate_tick(context)
     [request] = result.run_requests or []
-    assert request.job_name == BATCH_JOB
+    assert request.job_name == SYNC_JOB
     assert request.tags[TRIGGER_TAG] == "batch" and request.tags[BATCH_TAG] == "3"
     selected = sorted(k.to_user_string() for k in request.asset_selection or [])
     assert selected == ["alpha", "beta", "down"]
     assert request.run_key.startswith("batch:")
 
-    job = defs.resolve_job_def(BATCH_JOB)
+    job = defs.resolve_job_def(SYNC_JOB)
     done = job.execute_in_process(
         instance=instance,
         asset_selection=request.asset_selection,

@@ -26,9 +26,9 @@ from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.sensors import SYNC_SENSOR, sync_job_name, sync_sensor
+from changewatch.pipeline.sensors import SYNC_JOB, SYNC_SENSOR, sync_job_name, sync_sensor
 from changewatch.pipeline.timing import jitter_offset
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.wiring import build_definitions, run_selections
 from changewatch.sources.base import ProbeSettings
 from changewatch.warehouse import connect
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
@@ -103,7 +103,8 @@ def clocked(
     defs = build_definitions(config, environ={})
     off = ProbeSettings(enabled=False)
     unprobed = [s.model_copy(update={"probe": off}) for s in config.sources]
-    sensor = sync_sensor(unprobed, list(defs.jobs or []), clock=clock)  # type: ignore[arg-type]
+    job = next(j for j in defs.jobs or [] if j.name == SYNC_JOB)
+    sensor = sync_sensor(unprobed, job, run_selections(config), clock=clock)  # type: ignore[arg-type]
     full = dg.Definitions(
         assets=defs.assets, jobs=defs.jobs, sensors=[sensor], resources=defs.resources
     )
@@ -153,7 +154,8 @@ def test_run_key_is_stable_within_a_slot_and_changes_in_the_next(instance):
 
     clock.now = start + source.interval / 3
     [request] = evaluate()
-    assert request.job_name == sync_job_name(source) == "sync_demo_issues"
+    assert request.job_name == sync_job_name(source) == SYNC_JOB
+    assert request.asset_selection == run_selections(config)[source.name]
     assert request.tags[SOURCE_TAG] == source.name
     assert request.tags[SLOT_TAG] == slot
 
@@ -301,7 +303,7 @@ def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time
         assert len(runs) == len(interval_sources) == 1
         [first] = runs
         assert first.status == dg.DagsterRunStatus.QUEUED
-        assert first.job_name == "sync_demo_issues"
+        assert first.job_name == SYNC_JOB
         assert first.tags[SOURCE_TAG] == "demo_issues"
         assert first.tags[RUN_KEY_TAG] == f"demo_issues:{slot}"
         assert first.tags[SLOT_TAG] == str(slot)
@@ -406,5 +408,5 @@ def test_demo_config_without_the_demo_api_starts_no_runs_until_its_sensor_is_sta
         instance.start_sensor(sensor)
         tick(workspace, time.time() + 62)
         [run] = instance.get_runs()
-        assert run.job_name == "sync_demo_issues"
+        assert run.job_name == SYNC_JOB
         assert run.status == dg.DagsterRunStatus.QUEUED

@@ -20,7 +20,7 @@ import yaml
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.threaded_executor import threaded_executor, threads_from_env
-from changewatch.pipeline.wiring import BATCH_JOB, build_definitions
+from changewatch.pipeline.wiring import SYNC_JOB, build_definitions
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
 from cw_testing import PG_URL
@@ -85,7 +85,7 @@ def pooled() -> None:
 def batch_job() -> dg.JobDefinition:
     """The batch job of the watches file in CHANGEWATCH_CONFIG, as the code server builds it."""
     defs = build_definitions(load_config(Path(os.environ["CHANGEWATCH_CONFIG"])))
-    return defs.resolve_job_def(BATCH_JOB)
+    return defs.resolve_job_def(SYNC_JOB)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from changewatch.pipeline.config import ConfigError, load_config
 from changewatch.pipeline.inbox import INBOX_ENV, Inbox
 from changewatch.pipeline.receiver import WebhookReceiver
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import SYNC_SENSOR, TRIGGER_TAG
+from changewatch.pipeline.sensors import SYNC_JOB, SYNC_SENSOR, TRIGGER_TAG
 from changewatch.pipeline.timing import due_slot
 from changewatch.pipeline.webhook_sensor import DELIVERIES_TAG, WEBHOOK_SENSOR
 from changewatch.pipeline.wiring import build_definitions
@@ -95,7 +95,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, cursor: str | None 
 
 
 def run(defs: dg.Definitions, instance: dg.DagsterInstance, tags: dict[str, str]):
-    result = defs.resolve_job_def("sync_alpha").execute_in_process(instance=instance, tags=tags)
+    result = defs.resolve_job_def(SYNC_JOB).execute_in_process(instance=instance, tags=tags)
     assert result.success
     return result
 
@@ -139,7 +139,8 @@ def test_a_webhook_syncs_once_and_the_next_poll_adds_nothing(
 
     first = tick(defs, instance)
     [request] = first.run_requests
-    assert request.job_name == "sync_alpha"
+    assert request.job_name == SYNC_JOB
+    assert dg.AssetKey("alpha") in (request.asset_selection or [])
     assert request.tags[TRIGGER_TAG] == "webhook" and request.tags[DELIVERIES_TAG] == "2"
     assert request.run_key.startswith("alpha:webhook:")
     # From the cursor: requested already. Without it (a lost cursor): the same key, which
@@ -173,7 +174,7 @@ def test_a_failed_sync_leaves_its_deliveries_pending(
     inbox = Inbox(folder / "inbox.sqlite")
     inbox.put("alpha", "d-9", provider="github", event="issues", body=b"{}")
     [request] = tick(defs, instance).run_requests
-    result = defs.resolve_job_def("sync_alpha").execute_in_process(
+    result = defs.resolve_job_def(SYNC_JOB).execute_in_process(
         instance=instance, tags=request.tags, raise_on_error=False
     )
     assert not result.success
