@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from changewatch.sources.base import Duration, EnvVarName, Identifier
@@ -166,17 +167,10 @@ class Watch(_Model):
 
     @model_validator(mode="after")
     def _templates_parse(self) -> Watch:
-        from jinja2 import TemplateSyntaxError
-        from jinja2.sandbox import SandboxedEnvironment
-
-        environment = SandboxedEnvironment()
         for name in ("title", "body", "url"):
-            try:
-                environment.parse(getattr(self, name))
-            except TemplateSyntaxError as error:
-                raise ValueError(
-                    f"{name} template: {error.message} (line {error.lineno})"
-                ) from None
+            problem = _template_problem(getattr(self, name))
+            if problem is not None:
+                raise ValueError(f"{name} template: {problem}")
         return self
 
     @field_validator("debounce")
@@ -194,3 +188,17 @@ class Watch(_Model):
             data = dict(data)
             data["sources"] = [data.pop("source")]
         return data
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_problem(text: str) -> str | None:
+    """Why template ``text`` does not parse, or None. Cached: most watches keep the default
+    templates, and parsing them is most of loading a watch."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import SandboxedEnvironment
+
+    try:
+        SandboxedEnvironment().parse(text)
+    except TemplateSyntaxError as error:
+        return f"{error.message} (line {error.lineno})"
+    return None

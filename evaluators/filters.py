@@ -40,6 +40,7 @@ allowed kind, and the SQL that runs is generated from that checked tree, never f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -221,25 +222,41 @@ def compile_filter(text: str, *, watch: str, columns: Mapping[str, str]) -> Comp
     ...
     changewatch.evaluators.filters.FilterError: watch 'w': where: function read_csv(...) ...
     """
+    checked = _checked(text, tuple(columns.items()))
+    if isinstance(checked, str):
+        raise FilterError(watch, checked)
+    tree, used = checked
+    return CompiledFilter(watch=watch, text=text, columns=used, _tree=tree)
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked(
+    text: str, columns: tuple[tuple[str, str], ...]
+) -> tuple[exp.Expression, frozenset[str]] | str:
+    """The checked tree of ``text`` and the columns it uses, or why it is refused.
+
+    Cached: sources of one shape share their watches' filters, and a thousand of them would
+    each parse and check the same text in every run's process. The tree is never changed
+    (``CompiledFilter.to_sql`` compiles a copy).
+    """
+    lookup = dict(columns)
     try:
         tree = _parse(text)
         used: set[str] = set()
         nodes = list(tree.walk())
         for node in nodes:
-            _check(node, columns, used)
-        if not _is_condition(tree, columns):
+            _check(node, lookup, used)
+        if not _is_condition(tree, lookup):
             raise _Refused(f"{_snippet(tree)} is not a condition: write e.g. state = 'closed'")
         for node in nodes:
-            _check_operands(node, columns)
+            _check_operands(node, lookup)
         for dialect in ("duckdb", "postgres"):  # fails here, not at run time, if it cannot
             _compile(tree.copy(), dialect, "c").sql(dialect=dialect)
     except RecursionError:
-        refused = _Refused("is nested too deeply")
+        return str(_Refused("is nested too deeply"))
     except _Refused as error:
-        refused = error
-    else:
-        return CompiledFilter(watch=watch, text=text, columns=frozenset(used), _tree=tree)
-    raise FilterError(watch, str(refused)) from None
+        return str(error)
+    return tree, frozenset(used)
 
 
 def _parse(text: str) -> exp.Expression:
