@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
@@ -417,6 +418,13 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
         assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
         assert type(instance.compute_log_manager).__name__ == "NoOpComputeLogManager"
         assert instance.get_runs() == []
+        # Its connections are kept: 30 queries of each storage open a few, not 90.
+        before = sessions_opened(dagster_db)
+        for _ in range(30):
+            instance.get_runs()
+            instance.event_log_storage.get_concurrency_keys()
+            instance.all_instigator_state()
+        assert sessions_opened(dagster_db) - before < 10
         # Pools: one slot each unless set; the documented one-off step sets the delivery pool.
         assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
         instance.event_log_storage.set_concurrency_slots("warehouse/notifications", 1)
@@ -431,6 +439,16 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
         assert instance.get_settings("telemetry")["enabled"] is False
     # Nothing was written under DAGSTER_HOME but the settings: all state is in PostgreSQL.
     assert sorted(p.name for p in Path(home).iterdir()) == ["dagster.yaml"]
+
+
+def sessions_opened(url: str) -> int:
+    """How many sessions the database of ``url`` has had (PostgreSQL's own count)."""
+    database = urlsplit(url).path.lstrip("/")
+    # A session's count reaches the statistics within a second (PostgreSQL flushes them so).
+    time.sleep(1.2)
+    with closing(psycopg2.connect(url.replace("+psycopg2", ""))) as conn, conn.cursor() as cur:
+        cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (database,))
+        return cur.fetchone()[0]
 
 
 def free_port() -> int:
@@ -526,7 +544,7 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
 
             wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the batch run")
             (run,) = instance.get_runs()
-            assert (run.job_name, run.status) == ("sync_batch", dg.DagsterRunStatus.SUCCESS), (
+            assert (run.job_name, run.status) == ("sync_sources", dg.DagsterRunStatus.SUCCESS), (
                 alive()
             )
             assert run.tags["changewatch/batch_size"] == str(len(trackers))
