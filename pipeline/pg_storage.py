@@ -4,8 +4,9 @@ dagster-postgres opens a new connection for every query of its storage (SQLAlche
 NullPool) outside the webserver: a run of 24 syncs opened some 1,700, each a PostgreSQL
 backend started and torn down, and the daemon opens more at every queue pass and sensor tick.
 This storage is Dagster's own with the pooling the webserver uses
-(``optimize_for_webserver``: one connection kept per storage, more opened while needed), so
-the daemon, the code server and every run reuse theirs. deploy/dagster.yaml selects it::
+(``optimize_for_webserver``: one connection kept per storage, more opened while needed) for
+runs and event logs, which take nearly all the queries, so the daemon, the code server and
+every run reuse theirs. deploy/dagster.yaml selects it::
 
     storage:
       custom:
@@ -17,9 +18,18 @@ the daemon, the code server and every run reuse theirs. deploy/dagster.yaml sele
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from dagster._core.storage.base_storage import DagsterStorage
 from dagster._serdes import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
+from dagster_postgres.event_log import PostgresEventLogStorage
+from dagster_postgres.run_storage import PostgresRunStorage
+from dagster_postgres.schedule_storage import PostgresScheduleStorage
 from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+
+if TYPE_CHECKING:
+    from dagster_postgres.auth import PgTokenProvider
 
 __all__ = ["PooledPostgresStorage"]
 
@@ -30,16 +40,51 @@ POOL_RECYCLE_S = 3600
 MAX_OVERFLOW = 20
 
 
-class PooledPostgresStorage(DagsterPostgresStorage):
-    """``DagsterPostgresStorage`` (same config, same tables) with pooled connections."""
-
+class _PooledRunStorage(PostgresRunStorage):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        for storage in (self._run_storage, self._event_log_storage, self._schedule_storage):
-            # statement_timeout 0: none, as without the pool.
-            storage.optimize_for_webserver(
-                statement_timeout=0, pool_recycle=POOL_RECYCLE_S, max_overflow=MAX_OVERFLOW
-            )
+        # statement_timeout 0: none, as without the pool.
+        self.optimize_for_webserver(0, POOL_RECYCLE_S, MAX_OVERFLOW)
+
+    def dispose(self) -> None:
+        # The instance disposes its run and event storages when it closes (the code server
+        # makes one per sensor tick): its kept connection goes with it.
+        super().dispose()
+        self._engine.dispose()
+
+
+class _PooledEventLogStorage(PostgresEventLogStorage):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.optimize_for_webserver(0, POOL_RECYCLE_S, MAX_OVERFLOW)
+
+    def dispose(self) -> None:
+        super().dispose()
+        self._engine.dispose()
+
+
+class PooledPostgresStorage(DagsterPostgresStorage):
+    """``DagsterPostgresStorage`` (same config, same tables) whose run and event log storages
+    keep their connections; the schedule storage, which the instance never disposes and
+    which is queried a few times a tick, opens one per query as before."""
+
+    def __init__(
+        self,
+        postgres_url: str,
+        should_autocreate_tables: bool = True,
+        inst_data: ConfigurableClassData | None = None,
+        token_provider: PgTokenProvider | None = None,
+    ) -> None:
+        # DagsterPostgresStorage.__init__ with the pooled storages in place of two of its own
+        # (calling it would open and check the database for storages thrown away).
+        self.postgres_url = postgres_url
+        self.should_autocreate_tables = should_autocreate_tables
+        self._inst_data = inst_data
+        args = (postgres_url, should_autocreate_tables)
+        self._run_storage = _PooledRunStorage(*args, token_provider=token_provider)
+        self._event_log_storage = _PooledEventLogStorage(*args, token_provider=token_provider)
+        self._schedule_storage = PostgresScheduleStorage(*args, token_provider=token_provider)
+        DagsterStorage.__init__(self)
 
     @classmethod
     def from_config_value(

@@ -40,6 +40,7 @@ from changewatch.warehouse import connect
 from changewatch.warehouse.schema import ensure_bookkeeping
 from cw_testing import PG_URL, REPO
 from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, PostgresScheduleStorage
 from patience import STALL_S, reaped, wait_working
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
@@ -413,17 +414,17 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
     monkeypatch.setenv("DAGSTER_PG_URL", dagster_db)
 
     with dg.DagsterInstance.get() as instance:
-        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
-        assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
-        assert type(instance.schedule_storage).__name__ == "PostgresScheduleStorage"
+        # Dagster's PostgreSQL storages (pooled: pipeline/pg_storage.py).
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+        assert isinstance(instance.schedule_storage, PostgresScheduleStorage)
         assert type(instance.compute_log_manager).__name__ == "NoOpComputeLogManager"
         assert instance.get_runs() == []
-        # Its connections are kept: 30 queries of each storage open a few, not 90.
+        # Runs and event logs keep their connections: 30 queries of each open a few, not 60.
         before = sessions_opened(dagster_db)
         for _ in range(30):
             instance.get_runs()
             instance.event_log_storage.get_concurrency_keys()
-            instance.all_instigator_state()
         assert sessions_opened(dagster_db) - before < 10
         # Pools: one slot each unless set; the documented one-off step sets the delivery pool.
         assert instance.event_log_storage.get_pool_config().default_pool_limit == 1
@@ -437,6 +438,8 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
             {"key": SOURCE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         ]
         assert instance.get_settings("telemetry")["enabled"] is False
+    # Closing the instance closes them (the code server makes an instance per sensor tick).
+    assert sessions_open(dagster_db) == 0
     # Nothing was written under DAGSTER_HOME but the settings: all state is in PostgreSQL.
     assert sorted(p.name for p in Path(home).iterdir()) == ["dagster.yaml"]
 
@@ -448,6 +451,17 @@ def sessions_opened(url: str) -> int:
     time.sleep(1.2)
     with closing(psycopg2.connect(url.replace("+psycopg2", ""))) as conn, conn.cursor() as cur:
         cur.execute("SELECT sessions FROM pg_stat_database WHERE datname = %s", (database,))
+        return cur.fetchone()[0]
+
+
+def sessions_open(url: str) -> int:
+    """How many sessions are connected to the database of ``url``, besides this query's."""
+    database = urlsplit(url).path.lstrip("/")
+    with closing(psycopg2.connect(url.replace("+psycopg2", ""))) as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        )
         return cur.fetchone()[0]
 
 
