@@ -33,7 +33,7 @@ from changewatch.evaluators.templates import template_problems
 from changewatch.pipeline.errors import ConfigError
 from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
-from changewatch.sources.fleet import query_problem
+from changewatch.sources.fleet import is_fleet, query_problem
 from changewatch.sources.polling import polling_problems
 from changewatch.sources.webhook import webhook_problems
 from changewatch.warehouse.retention import RetentionConfig
@@ -252,6 +252,10 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             value = getattr(source, key)
             if value is not None and not is_valid_cron_string(value):
                 problems.append((("sources", i, key), f"{value!r} is not a valid cron schedule"))
+        if is_fleet(source) and source.name == "sources":
+            # Its job, sync_<fleet>, would be the job of every plain source (pipeline/sensors.py).
+            message = "a fleet cannot be named 'sources': sync_sources is the job of plain sources"
+            problems.append((("sources", i, "name"), message))
         # A fleet's targets query reads the file's synced tables only (sources/fleet.py).
         if (found := query_problem(source, {s.table for s in config.sources})) is not None:
             problems.append((("sources", i, *found[0]), found[1]))

@@ -260,6 +260,15 @@ def test_a_targets_query_over_a_table_no_source_writes_is_refused_at_load(
     assert "table 'org_repo' is no source's table" in line
 
 
+def test_a_fleet_named_sources_is_refused_at_load(tmp_path: Path, api: DemoAPIServer) -> None:
+    path = write(tmp_path, [fleet(api.url) | {"name": "sources"}])
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    # (The file's watch, over `team`, is refused too: it names a source no longer there.)
+    [line] = [line for line in str(refused.value).splitlines() if "sources[0].name" in line]
+    assert "a fleet cannot be named 'sources': sync_sources is the job of plain sources" in line
+
+
 def test_changewatch_sync_of_a_fleet_syncs_every_target_and_names_the_failed_one(
     tmp_path: Path,
     api: DemoAPIServer,
