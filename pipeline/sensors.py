@@ -60,12 +60,17 @@ def sync_job_name(source: SourceConfig) -> str:
 
 
 def sync_request(
-    source: str, selection: Sequence[dg.AssetKey], *, run_key: str | None, tags: dict[str, str]
+    source: str,
+    selection: Sequence[dg.AssetKey],
+    *,
+    run_key: str | None,
+    tags: dict[str, str],
+    job_name: str = SYNC_JOB,
 ) -> dg.RunRequest:
     """A run of the sync job doing one plain source: its sync, watches and delivery."""
     return dg.RunRequest(
         run_key=run_key,
-        job_name=SYNC_JOB,
+        job_name=job_name,
         asset_selection=list(selection),
         # One run of a source at a time: deploy/dagster.yaml limits runs per this tag.
         tags={SOURCE_TAG: source, **tags},
@@ -148,6 +153,7 @@ def sync_sensor(
                 sync_request(
                     source.name,
                     selections[source.name],
+                    job_name=job.name,
                     run_key=request.run_key,
                     tags={
                         "changewatch/slot": str(slot),

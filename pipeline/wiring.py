@@ -85,7 +85,7 @@ def build_definitions(
     # One job syncs every plain source, each run selecting its sources' assets: a job per
     # source would copy the delivery asset's inputs (every watch) into each, so resolving
     # them at the code server's start grew with sources squared (bench/bench_definitions.py).
-    sync_job = _sync_job(plain, selections, _batch_executor(url, environ)) if plain else None
+    sync_job = _sync_job(plain, selections, _sync_executor(url, environ)) if plain else None
     # A fleet's runs name partitions of its own: it keeps a job of its own.
     jobs = {s.name: sync_job for s in plain} | {s.name: _fleet_job(s, selections) for s in fleets}
     digest_jobs = [
@@ -202,8 +202,8 @@ def _fleet_job(source, selections: dict[str, list[str]]) -> dg.UnresolvedAssetJo
     )
 
 
-def _batch_executor(url: str, environ: dict[str, str]) -> dg.ExecutorDefinition:
-    """How a batched run executes its steps, all inside the run's process.
+def _sync_executor(url: str, environ: dict[str, str]) -> dg.ExecutorDefinition:
+    """How a sync run (of one source or several) executes its steps, all inside its process.
 
     On PostgreSQL, which takes many writers, up to CHANGEWATCH_SYNC_CONCURRENCY (4) at once on
     threads, so one slow API does not hold the others; on DuckDB one after another, since a
