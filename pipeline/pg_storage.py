@@ -1,8 +1,8 @@
 """Dagster's PostgreSQL storage, holding its connections open.
 
 dagster-postgres opens a new connection for every query of its storage (SQLAlchemy's
-NullPool) outside the webserver: a run of 24 syncs opened some 1,700, each a PostgreSQL
-backend started and torn down, and the daemon opens more at every queue pass and sensor tick.
+NullPool) outside the webserver, each a PostgreSQL backend started and torn down: a run opens
+one for every event it writes, and the daemon more at every queue pass and sensor tick.
 This storage is Dagster's own with the pooling the webserver uses
 (``optimize_for_webserver``: one connection kept per storage, more opened while needed) for
 runs and event logs, which take nearly all the queries, so the daemon, the code server and
