@@ -76,6 +76,27 @@ def test_bench_definitions_loads_the_code_location_for_a_few_sources() -> None:
     assert row[2] == "2" and float(row[3]) > 0 and float(row[6]) >= float(row[3]) * 0.5
 
 
+def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_run_cost.py", "--sources", "4", "--changed", "2"]
+        + ["--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in done.stdout.splitlines()
+        if line.split()[:1] in (["pooled"], ["dagster"])
+    }
+    # core-s per run, ms per source, sessions opened
+    assert set(rows) == {"pooled", "dagster"} and float(rows["pooled"][0]) > 0
+    # The pooled storage keeps its connections: a run opens far fewer sessions.
+    assert float(rows["pooled"][2]) * 5 < float(rows["dagster"][2])
+
+
 def bench_fleet(tmp_path: Path, *options: str) -> tuple[str, dict]:
     """bench_fleet on 3 targets polled every 20 s, each changing once a minute, a 30 s
     window, no baseline: its output and its one phase's figures."""
