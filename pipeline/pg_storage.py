@@ -40,7 +40,9 @@ POOL_RECYCLE_S = 3600
 MAX_OVERFLOW = 20
 
 
-class _PooledRunStorage(PostgresRunStorage):
+class _Pooled:
+    """Mixed into a dagster-postgres storage: the webserver's pooling, closed on dispose."""
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # statement_timeout 0: none, as without the pool.
@@ -53,14 +55,12 @@ class _PooledRunStorage(PostgresRunStorage):
         self._engine.dispose()
 
 
-class _PooledEventLogStorage(PostgresEventLogStorage):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.optimize_for_webserver(0, POOL_RECYCLE_S, MAX_OVERFLOW)
+class _PooledRunStorage(_Pooled, PostgresRunStorage):
+    pass
 
-    def dispose(self) -> None:
-        super().dispose()
-        self._engine.dispose()
+
+class _PooledEventLogStorage(_Pooled, PostgresEventLogStorage):
+    pass
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):
