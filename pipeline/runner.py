@@ -29,10 +29,8 @@ from changewatch.pipeline.sensors import sync_job_name
 from changewatch.pipeline.watch_assets import (
     EVALUATION_FAILED,
     EVALUATION_TRACE,
-    NOTIFICATIONS_ASSET,
-    evaluation_asset_name,
 )
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.wiring import build_definitions, run_assets
 from dagster._utils.error import SerializableErrorInfo
 
 __all__ = [
@@ -68,11 +66,10 @@ def locations(dagster_instance: dg.DagsterInstance) -> str:
 
 
 def source_job_assets(config: ChangewatchConfig, sources: Sequence[str]) -> list[str]:
-    """What a sync job of ``sources`` runs: the syncs, their watches, delivery."""
-    names = [config.source(name).table for name in sources]
-    watches = [w for w in config.watches if set(w.sources) & set(sources)]
-    names += [evaluation_asset_name(w) for w in watches]
-    return names + ([NOTIFICATIONS_ASSET] if watches else [])
+    """What a sync run of ``sources`` runs, as the sensors select it: the syncs, their
+    watches, delivery."""
+    assets = (a for name in sources for a in run_assets(config.source(name), config))
+    return list(dict.fromkeys(assets))
 
 
 def materialize(

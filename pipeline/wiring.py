@@ -44,7 +44,14 @@ from changewatch.pipeline.watch_assets import (
 )
 from changewatch.pipeline.webhook_sensor import reconciling, webhook_sensor
 
-__all__ = ["DELIVER_JOB", "SYNC_JOB", "build_definitions", "digest_job_name", "run_selections"]
+__all__ = [
+    "DELIVER_JOB",
+    "SYNC_JOB",
+    "build_definitions",
+    "digest_job_name",
+    "run_assets",
+    "run_selections",
+]
 
 DELIVER_JOB = "deliver_notifications"
 
@@ -79,7 +86,7 @@ def build_definitions(
     }
     assets += list(digests.values())
 
-    selections = {source.name: _run_assets(source, config) for source in config.sources}
+    selections = {source.name: run_assets(source, config) for source in config.sources}
     fleets = [s for s in config.sources if is_fleet(s)]
     plain = [s for s in config.sources if not is_fleet(s)]
     # One job syncs every plain source, each run selecting its sources' assets: a job per
@@ -100,7 +107,7 @@ def build_definitions(
     interval_sources = [s for s in plain if s.cron is None]
     live = [s for s in interval_sources if not is_demo_source(s)]
     demo = [s for s in interval_sources if is_demo_source(s)]
-    keys = run_selections(config)
+    keys = {name: [dg.AssetKey(a) for a in assets] for name, assets in selections.items()}
     # Pauses and resumes leave no sync to record them: a small run of their own does.
     schedule_job = poll_schedule_job() if any(s.stop.active for s in interval_sources) else None
     if schedule_job is not None:
@@ -158,10 +165,10 @@ def build_definitions(
 
 def run_selections(config: ChangewatchConfig) -> dict[str, list[dg.AssetKey]]:
     """What a sync run of each source selects, by source name (its sync, watches, delivery)."""
-    return {s.name: [dg.AssetKey(a) for a in _run_assets(s, config)] for s in config.sources}
+    return {s.name: [dg.AssetKey(a) for a in run_assets(s, config)] for s in config.sources}
 
 
-def _run_assets(source, config: ChangewatchConfig) -> list[str]:
+def run_assets(source, config: ChangewatchConfig) -> list[str]:
     """What a sync of ``source`` runs: its sync asset, its watches' evaluations, delivery."""
     evaluations = [evaluation_asset_name(w) for w in config.watches if source.name in w.sources]
     # A query fleet reads its targets first (pipeline/fleet.py).
