@@ -263,7 +263,7 @@ class PostgresWarehouse(Warehouse):
     loads_aside = True
 
     def __init__(self, url: str, *, read_only: bool = False) -> None:
-        import adbc_driver_postgresql.dbapi as adbc
+        from .pg_connections import connect
 
         self._url = url  # for a sibling connection; may hold a password, never shown
         # A sibling connection being opened ahead of a load aside (prepare_load_aside).
@@ -272,7 +272,7 @@ class PostgresWarehouse(Warehouse):
         self._on_rollback: list[Callable[[], None]] = []
         uri, schema = _split_schema(url)
         try:
-            self._con = adbc.connect(uri)
+            self._con = connect(uri)
         except Exception as error:  # the driver raises its own hierarchy; name the host only
             raise WarehouseError(
                 f"cannot connect to PostgreSQL at {describe_url(url)}: {_libpq_reason(error)}"

@@ -1,0 +1,131 @@
+"""A process's PostgreSQL connections share one ADBC database handle (warehouse/pg_connections.py).
+
+Checked on a real server by what it sees: the driver reads pg_type when a handle opens, so
+PostgreSQL's own scan counters of pg_type (pg_stat_sys_tables, per database) show how many
+handles were opened. Each test has a database of its own, so other tests' scans are not
+counted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
+from urllib.parse import urlsplit, urlunsplit
+
+import adbc_driver_postgresql.dbapi as adbc
+import psycopg2
+import pytest
+from changewatch.warehouse import backends, pg_connections
+from changewatch.warehouse.backends import WarehouseError
+from cw_testing import PG_URL
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    """A fresh PostgreSQL database; its URL."""
+    name = f"cw_connect_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(PG_URL)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(f'CREATE DATABASE "{name}"')
+        yield urlunsplit(urlsplit(PG_URL)._replace(path=f"/{name}", query=""))
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.close()
+
+
+def pg_type_scans(url: str) -> int:
+    """Scans of pg_type in ``url``'s database so far, once every ended session has reported."""
+    seen = -1
+    for _ in range(50):  # a session reports its counters as it ends: wait until they settle
+        with closing(psycopg2.connect(url)) as db, db.cursor() as cur:
+            cur.execute(
+                # The driver reads the whole table; a new session's own catalogue lookups
+                # go by index, so only whole-table scans are counted.
+                "SELECT seq_scan FROM pg_stat_sys_tables WHERE relname = 'pg_type'"
+            )
+            now = cur.fetchone()[0]
+        if now == seen:
+            return now
+        seen = now
+        time.sleep(0.2)
+    return seen
+
+
+def sessions(url: str) -> int:
+    """Sessions now open on ``url``'s database, besides the one asking."""
+    with closing(psycopg2.connect(url)) as db, db.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cur.fetchone()[0]
+
+
+def select_one(connect, url: str) -> int:
+    with closing(connect(url)) as con, con.cursor() as cur:
+        cur.execute("SELECT 1")
+        return cur.fetchone()[0]
+
+
+def test_connections_after_the_first_read_no_type_catalogue(database: str) -> None:
+    select_one(pg_connections.connect, database)  # opens the process's handle
+    before = pg_type_scans(database)
+    for _ in range(5):
+        assert select_one(pg_connections.connect, database) == 1
+    assert pg_type_scans(database) == before
+    # The driver's own connect reads it every time: what the shared handle saves.
+    for _ in range(5):
+        assert select_one(adbc.connect, database) == 1
+    assert pg_type_scans(database) >= before + 5
+
+
+def test_the_handle_holds_no_session(database: str) -> None:
+    con = pg_connections.connect(database)
+    assert sessions(database) == 1
+    con.close()
+    deadline = time.time() + 10
+    while sessions(database) and time.time() < deadline:
+        time.sleep(0.1)
+    assert sessions(database) == 0
+
+
+def test_threads_connect_at_once(database: str) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: select_one(pg_connections.connect, database), range(32)))
+    assert results == [1] * 32
+
+
+def test_a_table_made_after_the_handle_opened_reads_back(database: str) -> None:
+    """The handle's type map is read once: a later table's columns must still read."""
+    select_one(pg_connections.connect, database)
+    with closing(pg_connections.connect(database)) as con, con.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE later (id bigint, body text, payload jsonb, seen timestamptz, "
+            "amount numeric(12, 2), labels text[], raw bytea, done boolean)"
+        )
+        cur.execute(
+            "INSERT INTO later VALUES (1, 'b', '{\"a\": 1}', '2026-01-02 03:04:05+00', 1.5, "
+            "ARRAY['x', 'y'], '\\x0102', true)"
+        )
+        con.commit()
+    with closing(pg_connections.connect(database)) as con, con.cursor() as cur:
+        cur.execute("SELECT * FROM later")
+        row = cur.fetch_arrow_table().to_pylist()[0]
+    assert row["id"] == 1 and row["body"] == "b" and row["labels"] == ["x", "y"]
+    assert row["raw"] == b"\x01\x02" and row["done"] is True
+    assert str(row["amount"]) == "1.5" or float(row["amount"]) == 1.5
+
+
+def test_a_failed_open_is_named_and_not_kept() -> None:
+    """An unreachable server is the warehouse's usual one-line error, every time."""
+    url = "postgresql://postgres@127.0.0.1:1/nowhere"
+    for _ in range(2):
+        with pytest.raises(WarehouseError, match="cannot connect to PostgreSQL at .*127.0.0.1:1"):
+            backends.connect(url)
+    assert url not in pg_connections._handles
