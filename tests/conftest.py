@@ -6,8 +6,12 @@ trust-auth server) is down, they fail, so CI cannot pass without exercising Post
 
 from __future__ import annotations
 
+import shutil
+import ssl
+import subprocess
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import adbc_driver_postgresql.dbapi as adbc
@@ -62,3 +66,39 @@ def demo_env(
     monkeypatch.setenv("CHANGEWATCH_DEMO_URL", demo_api.url)
     monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config))
     return demo_api
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    cert: Path
+    key: Path
+
+    def server_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
+    """A self-signed certificate for 127.0.0.1 and localhost, made here with openssl."""
+    openssl = shutil.which("openssl")
+    assert openssl, "the openssl command is needed to make the test certificate"
+    out = tmp_path_factory.mktemp("tls")
+    cert, key = out / "cert.pem", out / "key.pem"
+    subprocess.run(
+        [
+            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
+            "-subj", "/CN=localhost",
+            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,digitalSignature,keyCertSign",
+        ],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return TLSFiles(cert=cert, key=key)

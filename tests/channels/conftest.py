@@ -1,19 +1,15 @@
 """Real receivers on loopback for the channel tests: an SMTP server (aiosmtpd), an HTTP
-receiver (http.server), a self-signed TLS certificate (openssl), and a notification factory.
+receiver (http.server) and a notification factory; the TLS certificate is tests/conftest.py's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import shutil
-import ssl
-import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,42 +42,6 @@ def make_notification(**overrides: Any) -> Notification:
 @pytest.fixture
 def notification_factory() -> Callable[..., Notification]:
     return make_notification
-
-
-# ---------------------------------------------------------------- TLS
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    cert: Path
-    key: Path
-
-    def server_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(self.cert, self.key)
-        return ctx
-
-
-@pytest.fixture(scope="session")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
-    """A self-signed certificate for 127.0.0.1 and localhost, made here with openssl."""
-    openssl = shutil.which("openssl")
-    assert openssl, "the openssl command is needed to make the test certificate"
-    out = tmp_path_factory.mktemp("tls")
-    cert, key = out / "cert.pem", out / "key.pem"
-    subprocess.run(
-        [
-            openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2",
-            "-subj", "/CN=localhost",
-            "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,digitalSignature,keyCertSign",
-        ],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return TLSFiles(cert=cert, key=key)
 
 
 # ---------------------------------------------------------------- SMTP
