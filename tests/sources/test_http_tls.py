@@ -50,4 +50,3 @@ def test_every_client_refuses_an_untrusted_certificate(https_url: str) -> None:
         with client() as http, pytest.raises(FetchError, match="CERTIFICATE_VERIFY_FAILED"):
             http.get(https_url)
     assert tls_context().verify_mode == ssl.CERT_REQUIRED and tls_context().check_hostname
-
