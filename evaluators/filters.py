@@ -548,15 +548,29 @@ def check_filter_runs(
     """
     import duckdb
 
+    sql = compiled.to_sql("duckdb")
+    ran = (tuple(sorted(columns.items())), sql)
+    if ran in _RAN:
+        return
     if connection is None:
         with duckdb.connect() as con:
             return check_filter_runs(compiled, columns, con)
     table = _empty_change_log(connection, columns)
     try:
-        connection.execute(f"SELECT count(*) FROM {table} AS c WHERE {compiled.to_sql('duckdb')}")
+        connection.execute(f"SELECT count(*) FROM {table} AS c WHERE {sql}")
     except duckdb.Error as error:
         reason = str(error).splitlines()[0]
         raise FilterError(compiled.watch, f"does not run: {reason}") from None
+    if len(_RAN) >= _RAN_KEPT:  # a long-lived process reloading configs keeps a bounded set
+        _RAN.clear()
+    _RAN.add(ran)
+
+
+# (columns, SQL) pairs that bound in this process. A thousand sources of one shape give their
+# watches the same filter text over the same columns: it binds the same way every time, and
+# binding it again cost each sync run a second at start (loading the config).
+_RAN: set[tuple[tuple[tuple[str, str], ...], str]] = set()
+_RAN_KEPT = 4096
 
 
 def _empty_change_log(con: duckdb.DuckDBPyConnection, columns: Mapping[str, str]) -> str:

@@ -13,7 +13,12 @@ import duckdb
 import polars as pl
 import pytest
 import yaml
-from changewatch.evaluators.filters import CompiledFilter, FilterError, compile_filter
+from changewatch.evaluators.filters import (
+    CompiledFilter,
+    FilterError,
+    check_filter_runs,
+    compile_filter,
+)
 from changewatch.warehouse.backends import Warehouse, connect
 from changewatch.warehouse.schema import SQL_TYPES
 from changewatch.warehouse.statements import quote, render
@@ -228,3 +233,16 @@ def test_to_sql_refuses_unknown_dialects_and_unsafe_aliases() -> None:
 def test_oversized_filters_are_refused_cleanly(text: str, error: str) -> None:
     with pytest.raises(FilterError, match=f"^watch 'big': where: {error}"):
         compile_filter(text, watch="big", columns=COLUMNS)
+
+
+def test_a_filter_that_bound_once_is_still_checked_over_other_columns() -> None:
+    """Binding is remembered per filter text and columns: the same text over columns of
+    other types is bound again, and refused where it does not run."""
+    text = "lower(number) = 'x'"
+    as_text = compile_filter(text, watch="w", columns={"number": "text"})
+    for _ in range(2):  # the second time from memory
+        check_filter_runs(as_text, {"number": "text"})
+    as_number = compile_filter(text, watch="w", columns={"number": "bigint"})
+    for _ in range(2):  # a refusal is never remembered as a pass
+        with pytest.raises(FilterError, match="does not run"):
+            check_filter_runs(as_number, {"number": "bigint"})
