@@ -9,7 +9,7 @@ from pathlib import Path
 
 import patience
 import pytest
-from cw_testing import REPO
+from cw_testing import PG_URL, REPO
 
 
 @pytest.mark.parametrize("server", ["process", "thread"])
@@ -95,6 +95,24 @@ def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
     assert set(rows) == {"pooled", "dagster"} and float(rows["pooled"][0]) > 0
     # The pooled storage keeps its connections: a run opens far fewer sessions.
     assert float(rows["pooled"][2]) * 5 < float(rows["dagster"][2])
+
+
+def test_bench_connect_opens_connections_both_ways() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_connect.py", "--tables", "0", "30", "--connections", "2"]
+        + ["--pg-url", PG_URL],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = [line.split() for line in done.stdout.splitlines()[1:]]
+    # tables, the way (two words), CPU ms and wall ms per connection
+    assert [(row[0], " ".join(row[1:3])) for row in rows] == [
+        (tables, way) for tables in ("0", "30") for way in ("per connection", "shared handle")
+    ]
+    assert all(float(row[3]) > 0 and float(row[4]) > 0 for row in rows)
 
 
 def bench_fleet(tmp_path: Path, *options: str) -> tuple[str, dict]:
