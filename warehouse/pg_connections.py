@@ -4,14 +4,18 @@ Opening an ADBC PostgreSQL *database* handle reads the server's type catalogue (
 pg_type, with the columns of every table's row type) to build its type map; a *connection*
 made from an open handle reuses that map. ``adbc_driver_postgresql.dbapi.connect`` opens a
 handle for each connection, so each connection paid for the whole catalogue, which grows with
-every table: 30 ms of CPU on an empty database, 470 ms (and a second of the server's) on a
-warehouse of 1,000 sources, where a sync run opens two connections per source
-(bench/bench_connect.py measures both ways).
+every table: 28 ms of CPU on an empty database, some 0.8 s on one of 4,000 tables, where a
+sync run opens two connections per source (bench/bench_connect.py measures both ways).
 
 The handle holds no session (the driver reads the catalogue on a connection of its own and
-closes it), so keeping one for the process costs nothing on the server. Its map covers the
-built-in types, which are all the warehouse's columns use: tables created later need no
-new map.
+closes it), so keeping one for the process costs nothing on the server. Its map is the one
+read when it opened: the warehouse's columns are all built-in types, which never change, but a
+composite, enum or domain type created later reads as opaque bytes in this process (a new
+process, as `changewatch sql` is, sees it).
+
+The driver counts a handle's open connections without a lock of its own, so connections of
+one handle are opened and closed one at a time (under the handle's lock); the queries on them
+run in parallel.
 """
 
 from __future__ import annotations
@@ -24,28 +28,47 @@ import adbc_driver_postgresql
 
 __all__ = ["connect"]
 
-_lock = threading.Lock()
-# uri -> the handle its connections share. The cache holds a reference of its own, so the
-# handle stays open for the process whatever its connections do.
-_handles: dict[str, dbapi._SharedDatabase] = {}
+
+class _Handle:
+    """A URI's database handle, opened by its first connection, and the lock around it."""
+
+    def __init__(self) -> None:
+        # Re-entrant: a connection collected (closed) by the garbage collector on a thread
+        # that holds the lock must not wait for itself.
+        self.lock = threading.RLock()
+        self.shared: dbapi._SharedDatabase | None = None
+
+
+class _Connection(dbapi.Connection):
+    """A DB-API connection whose close is serialized with its handle's other opens/closes."""
+
+    def __init__(self, handle: _Handle, connection: adbc_driver_manager.AdbcConnection) -> None:
+        self._handle = handle
+        super().__init__(handle.shared, connection)
+
+    def close(self) -> None:
+        with self._handle.lock:
+            super().close()
+
+
+_lock = threading.Lock()  # guards _handles only; opening a handle holds its own lock
+# uri -> its handle. The cache holds a reference of its own to the shared database, so it
+# stays open for the process whatever its connections do.
+_handles: dict[str, _Handle] = {}
 
 
 def connect(uri: str) -> dbapi.Connection:
     """A DB-API connection to ``uri``, like ``adbc_driver_postgresql.dbapi.connect(uri)``
     (transactions not in autocommit), made from the process's handle for ``uri``."""
-    handle = _handle(uri)
-    connection = adbc_driver_manager.AdbcConnection(handle._db)
-    try:
-        return dbapi.Connection(handle, connection)
-    except BaseException:
-        connection.close()
-        raise
-
-
-def _handle(uri: str) -> dbapi._SharedDatabase:
-    # Under the lock, so threads connecting at once read the catalogue once, not each.
     with _lock:
-        handle = _handles.get(uri)
-        if handle is None:  # a handle that failed to open raised here and is not kept
-            handle = _handles[uri] = dbapi._SharedDatabase(adbc_driver_postgresql.connect(uri))
-        return handle
+        handle = _handles.setdefault(uri, _Handle())
+    with handle.lock:
+        if handle.shared is None:  # a handle that fails to open raises here, and is retried
+            handle.shared = dbapi._SharedDatabase(adbc_driver_postgresql.connect(uri))
+        connection = adbc_driver_manager.AdbcConnection(handle.shared._db)
+    try:
+        return _Connection(handle, connection)
+    except BaseException:
+        with handle.lock:
+            connection.close()
+        raise

@@ -40,31 +40,32 @@ def database() -> Iterator[str]:
 
 
 def pg_type_scans(url: str) -> int:
-    """Scans of pg_type in ``url``'s database so far, once every ended session has reported."""
-    seen = -1
-    for _ in range(50):  # a session reports its counters as it ends: wait until they settle
-        with closing(psycopg2.connect(url)) as db, db.cursor() as cur:
-            cur.execute(
-                # The driver reads the whole table; a new session's own catalogue lookups
-                # go by index, so only whole-table scans are counted.
-                "SELECT seq_scan FROM pg_stat_sys_tables WHERE relname = 'pg_type'"
-            )
-            now = cur.fetchone()[0]
-        if now == seen:
-            return now
-        seen = now
-        time.sleep(0.2)
-    return seen
+    """Whole-table scans of pg_type in ``url``'s database so far (the driver reads the whole
+    table; a new session's own catalogue lookups go by index), once every other session ended:
+    a session reports its counters as it ends, before it leaves pg_stat_activity."""
+    wait_for_sessions(url, 0)
+    with closing(psycopg2.connect(url)) as db, db.cursor() as cur:
+        cur.execute("SELECT seq_scan FROM pg_stat_sys_tables WHERE relname = 'pg_type'")
+        return cur.fetchone()[0]
 
 
 def sessions(url: str) -> int:
-    """Sessions now open on ``url``'s database, besides the one asking."""
+    """Client sessions now open on ``url``'s database, besides the one asking."""
     with closing(psycopg2.connect(url)) as db, db.cursor() as cur:
         cur.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
         return cur.fetchone()[0]
+
+
+def wait_for_sessions(url: str, count: int) -> int:
+    """The client sessions on ``url``'s database, once they are ``count`` (or after 10 s): a
+    closed session's server process ends a moment after its client let go."""
+    deadline = time.time() + 10
+    while (now := sessions(url)) != count and time.time() < deadline:
+        time.sleep(0.05)
+    return now
 
 
 def select_one(connect, url: str) -> int:
@@ -87,18 +88,24 @@ def test_connections_after_the_first_read_no_type_catalogue(database: str) -> No
 
 def test_the_handle_holds_no_session(database: str) -> None:
     con = pg_connections.connect(database)
-    assert sessions(database) == 1
+    assert wait_for_sessions(database, 1) == 1  # the connection's; the handle's read is over
     con.close()
-    deadline = time.time() + 10
-    while sessions(database) and time.time() < deadline:
-        time.sleep(0.1)
-    assert sessions(database) == 0
+    assert wait_for_sessions(database, 0) == 0
 
 
-def test_threads_connect_at_once(database: str) -> None:
+def test_threads_connect_and_close_at_once(database: str) -> None:
+    """Eight threads opening and closing connections of one handle: each works, the catalogue
+    is read once, and every connection's reference to the handle is given back."""
+    before = pg_type_scans(database)
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda _: select_one(pg_connections.connect, database), range(32)))
-    assert results == [1] * 32
+        results = list(pool.map(lambda _: select_one(pg_connections.connect, database), range(200)))
+    assert results == [1] * 200
+    opened = pg_type_scans(database) - before
+    select_one(adbc.connect, database)  # what opening one handle scans
+    assert opened == pg_type_scans(database) - before - opened > 0
+    # Only the cache's own reference is left, and the handle still opens connections.
+    assert pg_connections._handles[database].shared._refcount == 1
+    assert select_one(pg_connections.connect, database) == 1
 
 
 def test_a_table_made_after_the_handle_opened_reads_back(database: str) -> None:
@@ -128,4 +135,4 @@ def test_a_failed_open_is_named_and_not_kept() -> None:
     for _ in range(2):
         with pytest.raises(WarehouseError, match="cannot connect to PostgreSQL at .*127.0.0.1:1"):
             backends.connect(url)
-    assert url not in pg_connections._handles
+    assert pg_connections._handles[url].shared is None  # tried again at the next connect
