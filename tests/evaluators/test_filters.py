@@ -13,6 +13,7 @@ import duckdb
 import polars as pl
 import pytest
 import yaml
+from changewatch.evaluators import filters
 from changewatch.evaluators.filters import (
     CompiledFilter,
     FilterError,
@@ -242,6 +243,7 @@ def test_a_filter_that_bound_once_is_still_checked_over_other_columns() -> None:
     as_text = compile_filter(text, watch="w", columns={"number": "text"})
     for _ in range(2):  # the second time from memory
         check_filter_runs(as_text, {"number": "text"})
+    assert ((("number", "text"),), as_text.to_sql("duckdb")) in filters._RAN
     as_number = compile_filter(text, watch="w", columns={"number": "bigint"})
     for _ in range(2):  # a refusal is never remembered as a pass
         with pytest.raises(FilterError, match="does not run"):
