@@ -5,10 +5,10 @@ table's row type) whenever a database handle opens. For each ``--tables`` count,
 PostgreSQL database holding that many tables of a synced table's width, this prints the CPU
 (user+system, this process) and wall time per connection of:
 
-* ``per connection``: ``adbc_driver_postgresql.dbapi.connect``, a handle for each connection
+* ``per-connection``: ``adbc_driver_postgresql.dbapi.connect``, a handle for each connection
   (changewatch before warehouse/pg_connections.py);
-* ``shared handle``: warehouse/pg_connections.py, one handle per URI for the process (its first
-  connection, which opens the handle, is counted in the mean).
+* ``shared-first``: warehouse/pg_connections.py's first connection to the database, which
+  opens the process's handle, and ``shared-later``: its later connections, from that handle.
 
 A sync run opens two connections per source, so at 1,000 sources (about 4,000 tables with
 their history and watch tables) the difference is paid twice per changed source.
@@ -26,6 +26,7 @@ import resource
 import time
 import uuid
 from contextlib import closing
+from urllib.parse import urlsplit, urlunsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import psycopg2
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         admin.autocommit = True
         with closing(admin), admin.cursor() as cur:
             cur.execute(f'CREATE DATABASE "{name}"')
-        uri = args.pg_url.rsplit("/", 1)[0] + f"/{name}"
+        uri = urlunsplit(urlsplit(args.pg_url)._replace(path=f"/{name}"))
         try:
             with closing(psycopg2.connect(uri)) as db, db.cursor() as cur:
                 for i in range(tables):
@@ -70,11 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                     if i % 200 == 199:  # a transaction's locks are bounded
                         db.commit()
                 db.commit()
-            for way, connect in (
-                ("per connection", adbc.connect),
-                ("shared handle", pg_connections.connect),
-            ):
-                cpu_ms, wall_ms = per_connection(connect, uri, args.connections)
+            ways = (
+                ("per-connection", adbc.connect, args.connections),
+                ("shared-first", pg_connections.connect, 1),
+                ("shared-later", pg_connections.connect, args.connections),
+            )
+            for way, connect, count in ways:
+                cpu_ms, wall_ms = per_connection(connect, uri, count)
                 print(f"{tables:>7} {way:<15} {cpu_ms:>12.1f} {wall_ms:>13.1f}", flush=True)
         finally:
             admin = psycopg2.connect(args.pg_url)
