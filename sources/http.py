@@ -132,7 +132,8 @@ def _utc(epoch: float) -> str:
 def tls_context() -> ssl.SSLContext:
     """httpx's default TLS settings (certifi's CAs, or $SSL_CERT_FILE / $SSL_CERT_DIR), built
     once per process: loading the CA bundle takes 20 ms of CPU, which every client paid, and a
-    sync run makes a client per source. A context is safe to share between threads."""
+    sync run makes a client per source. httpx already shares one context among all of a
+    client's connections; the CA settings are read once per process."""
     return httpx.create_ssl_context()
 
 
