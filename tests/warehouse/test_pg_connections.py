@@ -9,34 +9,23 @@ counted.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
-from urllib.parse import urlsplit, urlunsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import psycopg2
 import pytest
 from changewatch.warehouse import backends, pg_connections
 from changewatch.warehouse.backends import WarehouseError
-from cw_testing import PG_URL
+from cw_testing import fresh_database
 
 
 @pytest.fixture
 def database() -> Iterator[str]:
     """A fresh PostgreSQL database; its URL."""
-    name = f"cw_connect_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(PG_URL)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
-        yield urlunsplit(urlsplit(PG_URL)._replace(path=f"/{name}", query=""))
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        admin.close()
+    with fresh_database("cw_connect") as url:
+        yield url
 
 
 def pg_type_scans(url: str) -> int:
