@@ -7,8 +7,11 @@ PostgreSQL database holding that many tables of a synced table's width, this pri
 
 * ``per-connection``: ``adbc_driver_postgresql.dbapi.connect``, a handle for each connection
   (changewatch before warehouse/pg_connections.py);
-* ``shared-first``: warehouse/pg_connections.py's first connection to the database, which
-  opens the process's handle, and ``shared-later``: its later connections, from that handle.
+* ``shared-first``: warehouse/pg_connections.py's first connection with the server's types
+  (``server_types``, as `changewatch sql` opens), which opens the process's handle, and
+  ``shared-later``: its later connections, from that handle;
+* ``builtin-first`` and ``builtin-later``: the same for the warehouse's own connections, whose
+  handle knows the built-in types and reads no catalogue.
 
 A sync run opens two connections per source, so at 1,000 sources (about 4,000 tables with
 their history and watch tables) the difference is paid twice per changed source.
@@ -33,6 +36,10 @@ import psycopg2
 from changewatch.warehouse import pg_connections
 
 COLUMNS = ", ".join(f"c{i} text" for i in range(12))
+
+
+def server_typed(uri: str):
+    return pg_connections.connect(uri, server_types=True)
 
 
 def cpu() -> float:
@@ -73,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 db.commit()
             ways = (
                 ("per-connection", adbc.connect, args.connections),
-                ("shared-first", pg_connections.connect, 1),
-                ("shared-later", pg_connections.connect, args.connections),
+                ("shared-first", server_typed, 1),
+                ("shared-later", server_typed, args.connections),
+                ("builtin-first", pg_connections.connect, 1),
+                ("builtin-later", pg_connections.connect, args.connections),
             )
             for way, connect, count in ways:
                 cpu_ms, wall_ms = per_connection(connect, uri, count)

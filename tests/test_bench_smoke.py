@@ -97,7 +97,7 @@ def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
     assert float(rows["pooled"][2]) * 5 < float(rows["dagster"][2])
 
 
-def test_bench_connect_opens_connections_both_ways() -> None:
+def test_bench_connect_opens_connections_every_way() -> None:
     done = subprocess.run(
         [sys.executable, "bench/bench_connect.py", "--tables", "0", "30", "--connections", "2"]
         + ["--pg-url", PG_URL],
@@ -109,7 +109,7 @@ def test_bench_connect_opens_connections_both_ways() -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
     # tables, the way, CPU ms and wall ms per connection
-    ways = ("per-connection", "shared-first", "shared-later")
+    ways = ("per-connection", "shared-first", "shared-later", "builtin-first", "builtin-later")
     assert [row[:2] for row in rows] == [[t, way] for t in ("0", "30") for way in ways]
     assert all(float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
 

@@ -272,7 +272,9 @@ class PostgresWarehouse(Warehouse):
         self._on_rollback: list[Callable[[], None]] = []
         uri, schema = _split_schema(url)
         try:
-            self._con = connect(uri)
+            # A read-only session is a person's query (`changewatch sql`): the server's
+            # catalogue types what it selects; the warehouse's own columns are built-in types.
+            self._con = connect(uri, server_types=read_only)
         except Exception as error:  # the driver raises its own hierarchy; name the host only
             raise WarehouseError(
                 f"cannot connect to PostgreSQL at {describe_url(url)}: {_libpq_reason(error)}"

@@ -5,13 +5,18 @@ pg_type, with the columns of every table's row type) to build its type map; a *c
 made from an open handle reuses that map. ``adbc_driver_postgresql.dbapi.connect`` opens a
 handle for each connection, so each connection paid for the whole catalogue, which grows with
 every table: 28 ms of CPU on an empty database, some 0.8 s on one of 4,000 tables, where a
-sync run opens two connections per source (bench/bench_connect.py measures both ways).
+sync run opens two connections per source (bench/bench_connect.py measures the ways).
+
+The warehouse's own columns are all built-in types, so its connections use the driver's
+built-in type map and read no catalogue at all (``type_resolver_mode=builtin``): a run, a
+process of its own, no longer pays for the catalogue at its first connection either. With
+``server_types`` a handle reads it as before, for what a person's query selects
+(`changewatch sql`): there an enum of their own reads as its label, not as opaque bytes. That
+map is the one read when the handle opened: a type created later reads as opaque bytes in
+this process (a new process, as `changewatch sql` is, sees it).
 
 The handle holds no session (the driver reads the catalogue on a connection of its own and
-closes it), so keeping one for the process costs nothing on the server. Its map is the one
-read when it opened: the warehouse's columns are all built-in types, which never change, but a
-composite, enum or domain type created later reads as opaque bytes in this process (a new
-process, as `changewatch sql` is, sees it).
+closes it), so keeping one for the process costs nothing on the server.
 
 The driver counts a handle's open connections without a lock of its own, so connections of
 one handle are opened and closed one at a time (under the handle's lock); the queries on them
@@ -26,7 +31,7 @@ import adbc_driver_manager
 import adbc_driver_manager.dbapi as dbapi
 import adbc_driver_postgresql
 
-__all__ = ["connect"]
+__all__ = ["BUILTIN_TYPES", "connect"]
 
 
 class _Handle:
@@ -54,17 +59,23 @@ class _Connection(dbapi.Connection):
 _lock = threading.Lock()  # guards _handles only; opening a handle holds its own lock
 # uri -> its handle. The cache holds a reference of its own to the shared database, so it
 # stays open for the process whatever its connections do.
-_handles: dict[str, _Handle] = {}
+_handles: dict[tuple[str, bool], _Handle] = {}
+# The driver's option that builds its type map from the built-in types it knows, no query.
+BUILTIN_TYPES = {"adbc.postgresql.type_resolver_mode": "builtin"}
 
 
-def connect(uri: str) -> dbapi.Connection:
+def connect(uri: str, *, server_types: bool = False) -> dbapi.Connection:
     """A DB-API connection to ``uri``, like ``adbc_driver_postgresql.dbapi.connect(uri)``
-    (transactions not in autocommit), made from the process's handle for ``uri``."""
+    (transactions not in autocommit), made from the process's handle for ``uri``: one that
+    knows the built-in types, or with ``server_types`` one that read the server's catalogue."""
     with _lock:
-        handle = _handles.setdefault(uri, _Handle())
+        handle = _handles.setdefault((uri, server_types), _Handle())
     with handle.lock:
         if handle.shared is None:  # a handle that fails to open raises here, and is retried
-            handle.shared = dbapi._SharedDatabase(adbc_driver_postgresql.connect(uri))
+            options = None if server_types else BUILTIN_TYPES
+            handle.shared = dbapi._SharedDatabase(
+                adbc_driver_postgresql.connect(uri, db_kwargs=options)
+            )
         connection = adbc_driver_manager.AdbcConnection(handle.shared._db)
     try:
         return _Connection(handle, connection)

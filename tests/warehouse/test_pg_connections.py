@@ -1,9 +1,10 @@
-"""A process's PostgreSQL connections share one ADBC database handle (warehouse/pg_connections.py).
+"""A process's PostgreSQL connections share one ADBC database handle (warehouse/pg_connections.py),
+which reads no type catalogue unless asked to (``server_types``, for `changewatch sql`).
 
-Checked on a real server by what it sees: the driver reads pg_type when a handle opens, so
-PostgreSQL's own scan counters of pg_type (pg_stat_sys_tables, per database) show how many
-handles were opened. Each test has a database of its own, so other tests' scans are not
-counted.
+Checked on a real server by what it sees: the driver reads pg_type when a handle that uses the
+server's types opens, so PostgreSQL's own scan counters of pg_type (pg_stat_sys_tables, per
+database) show how many such handles were opened. Each test has a database of its own, so other
+tests' scans are not counted.
 """
 
 from __future__ import annotations
@@ -63,13 +64,27 @@ def select_one(connect, url: str) -> int:
         return cur.fetchone()[0]
 
 
-def test_connections_after_the_first_read_no_type_catalogue(database: str) -> None:
-    select_one(pg_connections.connect, database)  # opens the process's handle
+def server_typed(url: str):
+    return pg_connections.connect(url, server_types=True)
+
+
+def test_warehouse_connections_read_no_type_catalogue(database: str) -> None:
     before = pg_type_scans(database)
-    for _ in range(5):
+    for _ in range(5):  # the first opens the process's handle
         assert select_one(pg_connections.connect, database) == 1
     assert pg_type_scans(database) == before
-    # The driver's own connect reads it every time: what the shared handle saves.
+    # The driver's own connect reads it every time: what the built-in type map saves.
+    for _ in range(5):
+        assert select_one(adbc.connect, database) == 1
+    assert pg_type_scans(database) >= before + 5
+
+
+def test_server_typed_connections_after_the_first_read_no_type_catalogue(database: str) -> None:
+    select_one(server_typed, database)  # opens the process's handle
+    before = pg_type_scans(database)
+    for _ in range(5):
+        assert select_one(server_typed, database) == 1
+    assert pg_type_scans(database) == before
     for _ in range(5):
         assert select_one(adbc.connect, database) == 1
     assert pg_type_scans(database) >= before + 5
@@ -82,19 +97,22 @@ def test_the_handle_holds_no_session(database: str) -> None:
     assert wait_for_sessions(database, 0) == 0
 
 
-def test_threads_connect_and_close_at_once(database: str) -> None:
+@pytest.mark.parametrize("server_types", [False, True], ids=["builtin", "server-types"])
+def test_threads_connect_and_close_at_once(database: str, server_types: bool) -> None:
     """Eight threads opening and closing connections of one handle: each works, the catalogue
-    is read once, and every connection's reference to the handle is given back."""
+    is read once at most, and every connection's reference to the handle is given back."""
+    connect = server_typed if server_types else pg_connections.connect
     before = pg_type_scans(database)
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda _: select_one(pg_connections.connect, database), range(200)))
+        results = list(pool.map(lambda _: select_one(connect, database), range(200)))
     assert results == [1] * 200
     opened = pg_type_scans(database) - before
     select_one(adbc.connect, database)  # what opening one handle scans
-    assert opened == pg_type_scans(database) - before - opened > 0
+    assert opened == (pg_type_scans(database) - before - opened if server_types else 0)
+    assert pg_type_scans(database) > before + opened
     # Only the cache's own reference is left, and the handle still opens connections.
-    assert pg_connections._handles[database].shared._refcount == 1
-    assert select_one(pg_connections.connect, database) == 1
+    assert pg_connections._handles[database, server_types].shared._refcount == 1
+    assert select_one(connect, database) == 1
 
 
 def test_a_table_made_after_the_handle_opened_reads_back(database: str) -> None:
@@ -116,6 +134,21 @@ def test_a_table_made_after_the_handle_opened_reads_back(database: str) -> None:
     assert row["id"] == 1 and row["body"] == "b" and row["labels"] == ["x", "y"]
     assert row["raw"] == b"\x01\x02" and row["done"] is True
     assert str(row["amount"]) == "1.5" or float(row["amount"]) == 1.5
+    assert row["payload"] == '{"a": 1}' and row["seen"].year == 2026
+
+
+def test_a_read_only_session_reads_types_of_the_users_own(database: str) -> None:
+    """`changewatch sql` (a read-only session) shows an enum of the user's own as its label;
+    the warehouse's own sessions, on built-in types only, would see opaque bytes."""
+    with closing(psycopg2.connect(database)) as db, db.cursor() as cur:
+        cur.execute("CREATE TYPE mood AS ENUM ('calm', 'cross')")
+        cur.execute("CREATE TABLE moods AS SELECT 'calm'::mood AS mood")
+        db.commit()
+    with closing(backends.connect(database, read_only=True)) as wh:
+        assert wh.fetch("SELECT mood FROM moods") == [("calm",)]
+    with closing(pg_connections.connect(database)) as con, con.cursor() as cur:
+        cur.execute("SELECT mood FROM moods")
+        assert cur.fetchall()[0][0] != "calm"
 
 
 def test_a_failed_open_is_named_and_not_kept() -> None:
@@ -124,4 +157,4 @@ def test_a_failed_open_is_named_and_not_kept() -> None:
     for _ in range(2):
         with pytest.raises(WarehouseError, match="cannot connect to PostgreSQL at .*127.0.0.1:1"):
             backends.connect(url)
-    assert pg_connections._handles[url].shared is None  # tried again at the next connect
+    assert pg_connections._handles[url, False].shared is None  # tried again at the next connect
