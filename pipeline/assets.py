@@ -13,6 +13,7 @@ from changewatch.pipeline.inbox import Inbox, inbox_path
 from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, not_paused_result, read_pauses
 from changewatch.pipeline.poll_schedule import record_from_tags
 from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
+from changewatch.pipeline.signatures import shared_signature
 from changewatch.sources import SourceConfig, build_source
 from changewatch.warehouse.schema import changes_table
 from changewatch.warehouse.sync import SyncSkipped, SyncStats, held_changes, run_sync
@@ -70,6 +71,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             "dagster/table_name": source.table,
         },
     )
+    @shared_signature  # Dagster reads it ~17 times (pipeline/signatures.py)
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource):  # yields its events
         inbox = Inbox(inbox_path()) if source.webhook is not None else None
         # The webhook deliveries stored before this sync fetches are covered by it.

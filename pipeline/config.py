@@ -246,6 +246,7 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
     sources = {s.name for s in config.sources}
     channels = {c.name: c for c in config.channels}
     watches = {w.name for w in config.watches}
+    tables = {s.table for s in config.sources}
     problems: list[tuple[tuple, str]] = []
     for i, source in enumerate(config.sources):
         for key in ("cron", "reconcile"):
@@ -257,7 +258,7 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
             message = "a fleet cannot be named 'sources': sync_sources is the job of plain sources"
             problems.append((("sources", i, "name"), message))
         # A fleet's targets query reads the file's synced tables only (sources/fleet.py).
-        if (found := query_problem(source, {s.table for s in config.sources})) is not None:
+        if (found := query_problem(source, tables)) is not None:
             problems.append((("sources", i, *found[0]), found[1]))
     problems += webhook_problems(config.sources)
     problems += polling_problems(config.sources)

@@ -17,6 +17,7 @@ from changewatch.pipeline.errors import redact
 from changewatch.pipeline.notification_stops import apply_notification_stops
 from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, not_paused_result, stop_reason
 from changewatch.pipeline.resources import JudgeResource, WarehouseResource, warehouse_pool
+from changewatch.pipeline.signatures import shared_signature
 from dagster import AssetExecutionContext
 
 __all__ = [
@@ -76,6 +77,7 @@ def evaluation_asset(
             f"`outbox` (dedupe {watch.dedupe})."
         ),
     )
+    @shared_signature  # Dagster reads it ~17 times (pipeline/signatures.py)
     def _evaluate(
         context: AssetExecutionContext, warehouse: WarehouseResource, judges: JudgeResource
     ) -> dg.MaterializeResult:
