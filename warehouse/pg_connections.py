@@ -31,7 +31,7 @@ import adbc_driver_manager
 import adbc_driver_manager.dbapi as dbapi
 import adbc_driver_postgresql
 
-__all__ = ["BUILTIN_TYPES", "connect"]
+__all__ = ["connect"]
 
 
 class _Handle:
@@ -57,11 +57,11 @@ class _Connection(dbapi.Connection):
 
 
 _lock = threading.Lock()  # guards _handles only; opening a handle holds its own lock
-# uri -> its handle. The cache holds a reference of its own to the shared database, so it
-# stays open for the process whatever its connections do.
+# (uri, server_types) -> its handle. The cache holds a reference of its own to the shared
+# database, so it stays open for the process whatever its connections do.
 _handles: dict[tuple[str, bool], _Handle] = {}
 # The driver's option that builds its type map from the built-in types it knows, no query.
-BUILTIN_TYPES = {"adbc.postgresql.type_resolver_mode": "builtin"}
+_BUILTIN_TYPES = {"adbc.postgresql.type_resolver_mode": "builtin"}
 
 
 def connect(uri: str, *, server_types: bool = False) -> dbapi.Connection:
@@ -72,7 +72,7 @@ def connect(uri: str, *, server_types: bool = False) -> dbapi.Connection:
         handle = _handles.setdefault((uri, server_types), _Handle())
     with handle.lock:
         if handle.shared is None:  # a handle that fails to open raises here, and is retried
-            options = None if server_types else BUILTIN_TYPES
+            options = None if server_types else _BUILTIN_TYPES
             handle.shared = dbapi._SharedDatabase(
                 adbc_driver_postgresql.connect(uri, db_kwargs=options)
             )

@@ -9,6 +9,7 @@ tests' scans are not counted.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -64,27 +65,25 @@ def select_one(connect, url: str) -> int:
         return cur.fetchone()[0]
 
 
-def server_typed(url: str):
-    return pg_connections.connect(url, server_types=True)
+def connector(server_types: bool):
+    """The process's connect, to handles of built-in types or of the server's."""
+    return functools.partial(pg_connections.connect, server_types=server_types)
 
 
-def test_warehouse_connections_read_no_type_catalogue(database: str) -> None:
-    before = pg_type_scans(database)
-    for _ in range(5):  # the first opens the process's handle
-        assert select_one(pg_connections.connect, database) == 1
-    assert pg_type_scans(database) == before
-    # The driver's own connect reads it every time: what the built-in type map saves.
-    for _ in range(5):
-        assert select_one(adbc.connect, database) == 1
-    assert pg_type_scans(database) >= before + 5
-
-
-def test_server_typed_connections_after_the_first_read_no_type_catalogue(database: str) -> None:
-    select_one(server_typed, database)  # opens the process's handle
+@pytest.mark.parametrize("server_types", [False, True], ids=["builtin", "server-types"])
+def test_no_connection_reads_the_type_catalogue_once_its_handle_is_open(
+    database: str, server_types: bool
+) -> None:
+    """A warehouse connection never reads it, not even the first; a server-typed handle reads
+    it when it opens, its later connections not again."""
+    connect = connector(server_types)
+    if server_types:
+        select_one(connect, database)  # opens the process's handle
     before = pg_type_scans(database)
     for _ in range(5):
-        assert select_one(server_typed, database) == 1
+        assert select_one(connect, database) == 1
     assert pg_type_scans(database) == before
+    # The driver's own connect reads it every time: what the handles save.
     for _ in range(5):
         assert select_one(adbc.connect, database) == 1
     assert pg_type_scans(database) >= before + 5
@@ -101,7 +100,7 @@ def test_the_handle_holds_no_session(database: str) -> None:
 def test_threads_connect_and_close_at_once(database: str, server_types: bool) -> None:
     """Eight threads opening and closing connections of one handle: each works, the catalogue
     is read once at most, and every connection's reference to the handle is given back."""
-    connect = server_typed if server_types else pg_connections.connect
+    connect = connector(server_types)
     before = pg_type_scans(database)
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda _: select_one(connect, database), range(200)))
