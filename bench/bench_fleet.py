@@ -8,7 +8,9 @@ phase of its own:
   watches file of N targets: ``plain``, N ``rest`` snapshot sources with a watch each;
   ``fleet``, one ``rest`` fleet source (``for_each`` over N repositories) with one watch.
   Each target lists ``--issues`` issues on one page, polled every ``--interval`` with
-  ``--jitter`` (probes on); every update goes to a file channel;
+  ``--jitter`` (probes on), the sync sensors ticking every ``--tick`` seconds (the file's
+  ``polling: tick``; one value, or one per ``--sources`` count, so ``--sources 1000 1000
+  --tick 30 60`` sets two ticks side by side); every update goes to a file channel;
 * one demo API on a thread of this process serving N trackers (``acme/r0000``...), so its
   CPU is not counted; the code server (``dagster code-server start``) and ``dagster-daemon
   run`` as deploy/ starts them, with deploy/dagster.yaml and deploy/workspace.yaml;
@@ -43,6 +45,7 @@ Run from the repository root::
     .venv/bin/python bench/bench_fleet.py --sources 100 --interval 60 --minutes 5
     .venv/bin/python bench/bench_fleet.py --sources 100 1000 --minutes 10 30  # the figure run
     .venv/bin/python bench/bench_fleet.py --shape plain fleet --sources 100
+    .venv/bin/python bench/bench_fleet.py --sources 1000 1000 --tick 30 60 --baseline-polls 0
 
 Run workers import the code from the checkout: a tree others are editing can fail a run
 mid-bench; bench a clean copy (``git archive HEAD``, with ``PYTHONPATH`` pointing at it).
@@ -82,7 +85,7 @@ from proctree import die_with_parent, free_port, listening, stop_tree  # noqa: E
 
 BIN = Path(sys.executable).parent
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-# The sync sensor's minimum_interval_seconds (pipeline/sensors.py): one tick's wait.
+# The sync sensors' default tick (pipeline/sensors.py's DEFAULT_TICK): one tick's wait.
 TICK_S = 30.0
 # Issue 18's targets.
 TARGET_CORE_S_PER_POLL = 0.15
@@ -140,9 +143,10 @@ def watches_file(
     *,
     shape: str = "plain",
     probe: bool = True,
+    tick: float = TICK_S,
 ) -> Path:
     """N plain sources with a watch each, or one fleet of N targets with one watch; every
-    update goes to one file channel."""
+    update goes to one file channel; the sensors tick every ``tick`` seconds."""
     sources = [source_settings(i, base_url, interval, jitter) for i in range(count)]
     if shape == FLEET:
         # One entry: the table gains a `repo` column, in front of its primary key.
@@ -160,6 +164,7 @@ def watches_file(
         source["probe"] = probe
     config = {
         "version": 1,
+        "polling": {"tick": f"{tick:g}s"},
         "sources": sources,
         "channels": [{"name": "file", "type": "file", "path": str(folder / "notifications.jsonl")}],
         "watches": [
@@ -701,7 +706,7 @@ def count_syncs(figures: Figures, run: Running, first: Sample, last: Sample) -> 
 
 
 def probed_phase(
-    args: argparse.Namespace, shape: str, count: int, minutes: float, folder: Path
+    args: argparse.Namespace, shape: str, count: int, minutes: float, tick: float, folder: Path
 ) -> Figures:
     """N probed targets (plain sources or one fleet) with changes: the issue's figures."""
     interval = args.interval
@@ -709,12 +714,12 @@ def probed_phase(
     trackers = [
         DemoTracker(issues=args.issues, seed=i, repo=f"acme/r{i:04d}") for i in range(count)
     ]
-    label = f"{count:,} {'sources' if shape == 'plain' else 'fleet targets'}"
-    bound = interval + jitter + TICK_S
+    label = f"{count:,} {'sources' if shape == 'plain' else 'fleet targets'}, tick {tick:g} s"
+    bound = interval + jitter + tick
     figures = Figures(label=label, window_s=0.0, bound_s=bound)
 
     def config(url: str) -> Path:
-        return watches_file(folder, url, count, interval, jitter, shape=shape)
+        return watches_file(folder, url, count, interval, jitter, shape=shape, tick=tick)
 
     with running(args, folder, trackers, config) as run:
         began = time.time()
@@ -729,7 +734,7 @@ def probed_phase(
         last, requests_after = run.sampler.take(), run.api.stats()["requests"]
         changer.stop()
         # The last changes' notifications: each within the bound, plus its run.
-        drain_end = time.time() + bound + 5 * TICK_S
+        drain_end = time.time() + bound + 5 * tick
         wait_for(
             "the last notifications",
             lambda: (
@@ -738,7 +743,7 @@ def probed_phase(
             ),
             run.deploy,
             run.tail,
-            bound + 60 * TICK_S,
+            bound + 60 * tick,
         )
         run.tail.read()
         count_syncs(figures, run, first, last)
@@ -914,6 +919,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the measured window: one value, or one per --sources count",
     )
     parser.add_argument(
+        "--tick",
+        type=float,
+        nargs="+",
+        default=[TICK_S],
+        help="seconds between the sync sensors' ticks (the watches file's polling: tick): "
+        "one value, or one per --sources count",
+    )
+    parser.add_argument(
         "--change-rate", type=float, default=0.05, help="share of the sources changing each minute"
     )
     parser.add_argument("--issues", type=int, default=40, help="issues per source")
@@ -936,12 +949,16 @@ def main(argv: list[str] | None = None) -> int:
     windows = args.minutes * len(args.sources) if len(args.minutes) == 1 else args.minutes
     if len(windows) != len(args.sources):
         parser.error("--minutes takes one value, or one per --sources count")
+    ticks = args.tick * len(args.sources) if len(args.tick) == 1 else args.tick
+    if len(ticks) != len(args.sources):
+        parser.error("--tick takes one value, or one per --sources count")
     # A TERM (Ctrl-C too) unwinds the phase: processes stopped, databases dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_fleet: terminated"))
     cores = os.cpu_count() or 1
     print(
         f"bench_fleet: interval {args.interval:g} s, "
         f"window {'/'.join(f'{m:g}' for m in args.minutes)} min, "
+        f"tick {'/'.join(f'{t:g}' for t in args.tick)} s, "
         f"{args.change_rate * 100:g}% of sources changing a minute, {args.issues} issues "
         f"each; {cores} cores, load average {os.getloadavg()[0]:.1f} at start",
         flush=True,
@@ -950,10 +967,12 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="bench_fleet_")
     try:
         for shape in args.shape:
-            for count, minutes in zip(args.sources, windows, strict=True):
-                folder = Path(tmp) / f"{shape}{count}"
+            for i, (count, minutes, tick) in enumerate(
+                zip(args.sources, windows, ticks, strict=True)
+            ):
+                folder = Path(tmp) / f"{shape}{i}_{count}"
                 folder.mkdir()
-                phases.append(probed_phase(args, shape, count, minutes, folder))
+                phases.append(probed_phase(args, shape, count, minutes, tick, folder))
                 print(f"  {phases[-1].label}: done", flush=True)
         if args.baseline_polls:
             folder = Path(tmp) / "baseline"

@@ -33,6 +33,7 @@ from changewatch.evaluators.templates import template_problems
 from changewatch.pipeline.errors import ConfigError
 from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
+from changewatch.sources.base import Duration
 from changewatch.sources.fleet import is_fleet, query_problem
 from changewatch.sources.polling import polling_problems
 from changewatch.sources.webhook import webhook_problems
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "ConfigError",
     "ChangewatchConfig",
+    "PollingConfig",
     "config_path",
     "load_config",
 ]
@@ -62,6 +64,19 @@ VERSIONS = (1,)
 
 # ${NAME} or ${NAME:-default}: lets non-secret settings (a base URL, a port) vary per machine.
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class PollingConfig(BaseModel):
+    """How the sensors poll (the watches file's ``polling:`` block)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Seconds between two ticks of the sync sensors (plain sources and fleets): a due source
+    # is probed at the first tick of its slot, and the syncs due at one tick share a run. A
+    # run costs some 6 core-seconds before its syncs (bench/bench_fleet.py), so with changes
+    # at every tick a longer tick starts fewer runs, for up to one tick more of delay.
+    # Dagster's daemon looks at sensors every 5 s and gives a tick 60 s to finish.
+    tick: Duration = Field(default=30.0, ge=5, le=3600)
 
 
 class ChangewatchConfig(BaseModel):
@@ -80,6 +95,7 @@ class ChangewatchConfig(BaseModel):
     feedback: FeedbackConfig | None = None
     # How notifications are delivered: the claim lease after which a send counts as crashed.
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    polling: PollingConfig = Field(default_factory=PollingConfig)
     _positions: dict[str, int] = PrivateAttr(default_factory=dict)
     _filters: dict[tuple, dict[str, CompiledFilter]] = PrivateAttr(default_factory=dict)
 

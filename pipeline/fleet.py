@@ -23,7 +23,7 @@ from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG, SOURCE_TAG, STORM_
 from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.probing import decide, due_probes, probe_states
 from changewatch.pipeline.resources import WarehouseResource, warehouse_pool
-from changewatch.pipeline.sensors import TRIGGER_TAG, sync_job_name
+from changewatch.pipeline.sensors import DEFAULT_TICK, TRIGGER_TAG, sync_job_name
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.sources import SourceConfig, build_source
 from changewatch.sources.base import SourceBase
@@ -327,6 +327,7 @@ def fleet_sensor(
     *,
     clock: Callable[[], float] = time.time,
     clients: ProbeClients | None = None,
+    tick: float = DEFAULT_TICK,
 ) -> dg.SensorDefinition:
     """The sensor of the fleets: partitions to match the file's targets, a probe per target,
     and one run per fleet over the targets that changed.
@@ -338,6 +339,7 @@ def fleet_sensor(
     the first to the last of them (targets in between cost a conditional request each), its
     run key a hash of theirs. A query fleet's targets are its partitions, as its last run
     resolved them; with none yet, the sensor asks its targets job once per interval slot.
+    ``tick``: the least seconds between two evaluations (the watches file's ``polling: tick``).
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
     members: dict[tuple[str, str], SourceBase] = {}  # configs of targets, made once
@@ -351,7 +353,7 @@ def fleet_sensor(
     @dg.sensor(
         name=FLEET_SENSOR,
         jobs=list(jobs),
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=round(tick),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Keeps each fleet's partitions to its targets, probes every target at the fleet's "

@@ -27,6 +27,7 @@ from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
 __all__ = [
     "BATCH_TAG",
     "DEBOUNCE_SCHEDULE",
+    "DEFAULT_TICK",
     "DEMO_SENSOR",
     "SYNC_JOB",
     "SYNC_SENSOR",
@@ -50,6 +51,8 @@ TRIGGER_TAG = "changewatch/trigger"
 # How many sources a batched run syncs.
 BATCH_TAG = "changewatch/batch_size"
 DEBOUNCE_SCHEDULE = "deliver_debounced"
+# Seconds between ticks of the sync sensors unless the watches file's `polling: tick` says.
+DEFAULT_TICK = 30.0
 DEMO_SENSOR = "sync_demo_api"
 
 
@@ -92,6 +95,7 @@ def sync_sensor(
     clients: ProbeClients | None = None,
     batch: bool = True,
     schedule_job: dg.UnresolvedAssetJobDefinition | None = None,
+    tick: float = DEFAULT_TICK,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
     whether it changed (sources/probe.py), and a sync is requested only if so (the rules and
@@ -112,7 +116,8 @@ def sync_sensor(
     (pipeline/envelope.py). A source that meets a stop condition is paused in the Dagster
     instance (pipeline/pauses.py) and gets no probe and no run until resumed. Each run carries
     its sources' schedules in ``POLL_TAG``, which the run writes to ``poll_schedule``; a pause
-    or resume is recorded there by a run of ``schedule_job``.
+    or resume is recorded there by a run of ``schedule_job``. ``tick``: the least seconds
+    between two evaluations (the watches file's ``polling: tick``).
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
     stopping = [s.name for s in sources if s.stop.active]
@@ -123,7 +128,7 @@ def sync_sensor(
     @dg.sensor(
         name=name,
         jobs=[job, *extra],
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=round(tick),
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
         ),

@@ -113,12 +113,14 @@ def build_definitions(
     if schedule_job is not None:
         assets.append(poll_schedule_asset(warehouse_url=url))
 
+    tick = config.polling.tick
     recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
-    sensors = [sync_sensor(live, sync_job, keys, **recorded)] if live else []
-    sensors += [demo_sensor(demo, sync_job, keys, **recorded)] if demo else []
+    sensors = [sync_sensor(live, sync_job, keys, tick=tick, **recorded)] if live else []
+    sensors += [demo_sensor(demo, sync_job, keys, tick=tick, **recorded)] if demo else []
     fleet_only = [j for s in fleets for j in fleet_jobs(s)]
     if fleets:
-        sensors.append(fleet_sensor(fleets, [jobs[s.name] for s in fleets] + fleet_only))
+        fleet_run_jobs = [jobs[s.name] for s in fleets] + fleet_only
+        sensors.append(fleet_sensor(fleets, fleet_run_jobs, tick=tick))
     hooked = [s for s in config.sources if s.webhook is not None]
     sensors += [webhook_sensor(hooked, jobs, keys)] if hooked else []
     schedules = [

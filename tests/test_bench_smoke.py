@@ -136,7 +136,7 @@ def bench_fleet(tmp_path: Path, *options: str) -> tuple[str, dict]:
 @pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
 def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> None:
     stdout, figures = bench_fleet(tmp_path)
-    assert figures["label"] == "3 sources"
+    assert figures["label"] == "3 sources, tick 30 s"
     # The sensor probed during the window, and changes were made and each one notified.
     assert figures["probes"] > 0
     assert figures["changes"] > 0 and figures["missing"] == 0
@@ -159,9 +159,10 @@ def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> 
 @pytest.mark.heavy  # a real daemon and code server: a minute or two, started first
 def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_path) -> None:
     # One fleet source of 3 targets under a live daemon: the fleet sensor probes each target
-    # and asks one run over the partition range of those that changed.
-    _, figures = bench_fleet(tmp_path, "--shape", "fleet")
-    assert figures["label"] == "3 fleet targets"
+    # and asks one run over the partition range of those that changed, ticking every 10 s.
+    _, figures = bench_fleet(tmp_path, "--shape", "fleet", "--tick", "10")
+    assert figures["label"] == "3 fleet targets, tick 10 s"
+    assert figures["bound_s"] == 20 + 19 + 10  # interval + jitter + tick
     # Every change made was notified (so its target's run ran), whenever in the phase.
     assert figures["changes"] > 0 and figures["missing"] == 0
     assert figures["runs_failed"] == 0 and figures["syncs_failed"] == 0

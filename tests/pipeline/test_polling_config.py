@@ -1,5 +1,5 @@
-"""Polling settings in the watches file: the envelope's bounds and the stop conditions, and
-each mistake named with file, line and key."""
+"""Polling settings in the watches file: the envelope's bounds, the stop conditions and the
+sync sensors' tick, and each mistake named with file, line and key."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from typing import Any
 import pytest
 import yaml
 from changewatch.pipeline.config import ConfigError, load_config
+from changewatch.pipeline.fleet import FLEET_SENSOR
+from changewatch.pipeline.sensors import SYNC_SENSOR
+from changewatch.pipeline.wiring import build_definitions
 
 
 def source(name: str = "alpha", **settings: Any) -> dict[str, Any]:
@@ -97,3 +100,45 @@ def test_a_watch_takes_no_max_failures(tmp_path: Path) -> None:
     path, read = load(tmp_path, [source()], [watch])
     with pytest.raises(ConfigError, match=r"watches\[0\]\.stop\.max_failures: unknown key"):
         read()
+
+
+# --- polling: tick, the sync sensors' least seconds between evaluations ---------------------
+
+
+def with_polling(tmp_path: Path, polling: dict | None) -> Path:
+    """A plain source and a fleet of two targets, with ``polling`` at the file's top level."""
+    fleet = source("fleet", path="/items/{target}", for_each={"values": ["a", "b"]})
+    path, _ = load(tmp_path, [source(), fleet])
+    if polling is not None:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        path.write_text(yaml.safe_dump(data | {"polling": polling}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("polling", "seconds"), [(None, 30), ({"tick": "2m"}, 120)])
+def test_the_sync_sensors_tick_as_the_file_says(
+    tmp_path: Path, polling: dict | None, seconds: int
+) -> None:
+    config = load_config(with_polling(tmp_path, polling))
+    assert config.polling.tick == seconds
+    sensors = build_definitions(config, environ={}).sensors or []
+    ticks = {sensor.name: sensor.minimum_interval_seconds for sensor in sensors}
+    assert ticks == {SYNC_SENSOR: seconds, FLEET_SENSOR: seconds}
+
+
+@pytest.mark.parametrize(
+    ("polling", "key", "why"),
+    [
+        ({"tick": "2s"}, "polling.tick", "greater than or equal to 5"),
+        ({"tick": "2h"}, "polling.tick", "less than or equal to 3600"),
+        ({"tick": "often"}, "polling.tick", "is not a duration"),
+        ({"every": "1m"}, "polling.every", "unknown key"),
+    ],
+)
+def test_a_bad_tick_is_named(tmp_path: Path, polling: dict, key: str, why: str) -> None:
+    path = with_polling(tmp_path, polling)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}:"), message
+    assert f": {key}" in message and why in message, message

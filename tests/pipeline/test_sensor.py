@@ -381,6 +381,25 @@ def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time
     assert rows == [(first.run_id, "succeeded"), (second.run_id, "succeeded")]
 
 
+def test_the_daemon_ticks_the_sync_sensor_no_sooner_than_polling_tick(
+    demo_env, tmp_path, monkeypatch, llm_url
+):
+    config_file = write_config(tmp_path / "watches.yaml", interval="10s", jitter=0, probe=False)
+    data = yaml.safe_load(config_file.read_text(encoding="utf-8"))
+    config_file.write_text(yaml.safe_dump(data | {"polling": {"tick": "2m"}}), encoding="utf-8")
+    monkeypatch.setenv("CHANGEWATCH_CONFIG", str(config_file))
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, f"duckdb:///{tmp_path / 'warehouse.duckdb'}")
+    monkeypatch.setenv("CHANGEWATCH_LLM_BASE_URL", llm_url)
+    with daemon_workspace() as (instance, workspace):
+        start = time.time()
+        evaluated = []
+        # The daemon's clock: a minute after the first tick is too soon, two minutes is not.
+        for later in (0, 31, 61, 119, 121, 181, 242):
+            tick(workspace, start + later)
+            evaluated.append(len(ticks(instance)))
+    assert evaluated == [1, 1, 1, 1, 2, 2, 3]
+
+
 def test_demo_config_without_the_demo_api_starts_no_runs_until_its_sensor_is_started(
     tmp_path, monkeypatch, llm_url
 ):
