@@ -85,7 +85,7 @@ from proctree import die_with_parent, free_port, listening, stop_tree  # noqa: E
 
 BIN = Path(sys.executable).parent
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-# The sync sensors' default tick (pipeline/sensors.py's DEFAULT_TICK): one tick's wait.
+# The sync sensors' default tick (pipeline/config.py's DEFAULT_TICK): one tick's wait.
 TICK_S = 30.0
 # Issue 18's targets.
 TARGET_CORE_S_PER_POLL = 0.15

@@ -53,6 +53,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "ConfigError",
+    "DEFAULT_TICK",
     "ChangewatchConfig",
     "PollingConfig",
     "config_path",
@@ -64,6 +65,8 @@ VERSIONS = (1,)
 
 # ${NAME} or ${NAME:-default}: lets non-secret settings (a base URL, a port) vary per machine.
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# Seconds between ticks of the sync sensors unless the file's `polling: tick` says.
+DEFAULT_TICK = 30.0
 
 
 class PollingConfig(BaseModel):
@@ -76,7 +79,7 @@ class PollingConfig(BaseModel):
     # run costs some 6 core-seconds before its syncs (bench/bench_fleet.py), so with changes
     # at every tick a longer tick starts fewer runs, for up to one tick more of delay.
     # Dagster's daemon looks at sensors every 5 s and gives a tick 60 s to finish.
-    tick: Duration = Field(default=30.0, ge=5, le=3600)
+    tick: Duration = Field(default=DEFAULT_TICK, ge=5, le=3600)
 
 
 class ChangewatchConfig(BaseModel):

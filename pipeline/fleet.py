@@ -20,10 +20,11 @@ from collections.abc import Callable, Sequence
 
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG, SOURCE_TAG, STORM_CHECK
+from changewatch.pipeline.config import DEFAULT_TICK
 from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.probing import decide, due_probes, probe_states
 from changewatch.pipeline.resources import WarehouseResource, warehouse_pool
-from changewatch.pipeline.sensors import DEFAULT_TICK, TRIGGER_TAG, sync_job_name
+from changewatch.pipeline.sensors import TRIGGER_TAG, sync_job_name
 from changewatch.pipeline.timing import due_slot, jitter_offset
 from changewatch.sources import SourceConfig, build_source
 from changewatch.sources.base import SourceBase

@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 from changewatch.pipeline.assets import FULL_TAG, SOURCE_TAG
+from changewatch.pipeline.config import DEFAULT_TICK
 from changewatch.pipeline.envelope import spoken
 from changewatch.pipeline.pauses import pause, paused_reasons
 from changewatch.pipeline.poll_schedule import POLL_TAG, merged_tag, schedule_run, schedule_tag
@@ -27,7 +28,6 @@ from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
 __all__ = [
     "BATCH_TAG",
     "DEBOUNCE_SCHEDULE",
-    "DEFAULT_TICK",
     "DEMO_SENSOR",
     "SYNC_JOB",
     "SYNC_SENSOR",
@@ -51,8 +51,6 @@ TRIGGER_TAG = "changewatch/trigger"
 # How many sources a batched run syncs.
 BATCH_TAG = "changewatch/batch_size"
 DEBOUNCE_SCHEDULE = "deliver_debounced"
-# Seconds between ticks of the sync sensors unless the watches file's `polling: tick` says.
-DEFAULT_TICK = 30.0
 DEMO_SENSOR = "sync_demo_api"
 
 
