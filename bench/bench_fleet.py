@@ -30,8 +30,9 @@ target with no change since its previous sync (runs a probe should have spared).
 each change: to the run that synced it being requested (the Dagster run's creation), and to
 its notification line appearing in the file. RSS (sampled every ``--sample`` seconds):
 peaks of the daemon, the code server and the largest run worker (``VmHWM``), and the
-daemon's and code server's peak over the window's first and last 5 minutes (halves of a
-shorter window), to show whether memory grows with polls done.
+daemon's and code server's peak over each 5 minutes of the window in turn (its halves, if
+shorter), to show whether memory grows with polls done or levels off; memory counts as flat
+when the last span's peak is at most 5% above that of the span ending at the window's half.
 
 Beside them, in the same invocation: today's one-run-per-source path, one source with
 ``probe: false`` (a run at every ``--baseline-interval``), its CPU per poll over
@@ -54,6 +55,7 @@ mid-bench; bench a clean copy (``git archive HEAD``, with ``PYTHONPATH`` pointin
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -91,7 +93,8 @@ TICK_S = 30.0
 TARGET_CORE_S_PER_POLL = 0.15
 TARGET_MACHINE_SHARE = 0.25
 TARGET_PROBE_MS = 20.0
-FLAT_SPAN_S = 300.0  # memory is compared over the window's first and last 5 minutes
+FLAT_SPAN_S = 300.0  # memory's peak is printed for each 5 minutes of the window
+TARGET_FLAT = 0.05  # at most 5% more memory at the window's end than at its half
 MIB = 1 << 20
 # Why the sensor requested a run (pipeline/sensors.py's TRIGGER_TAG; not imported, so this
 # process does not load Dagster).
@@ -587,8 +590,7 @@ class Figures:
     notified: list[float] = field(default_factory=list)
     missing: int = 0
     rss_peak: dict[str, int] = field(default_factory=dict)
-    rss_first: dict[str, int] = field(default_factory=dict)
-    rss_last: dict[str, int] = field(default_factory=dict)
+    rss_spans: list[dict[str, int]] = field(default_factory=list)
     bound_s: float = 0.0
 
     @property
@@ -627,15 +629,24 @@ def polls_due(
     return due
 
 
-def rss_spans(samples: list[Sample], start: float, end: float) -> tuple[dict, dict, dict]:
-    """Peak RSS per part over the window, its first span and its last span."""
+def rss_spans(samples: list[Sample], start: float, end: float) -> tuple[dict, list[dict]]:
+    """Peak RSS per part over the window, and over each of its spans in turn (5 minutes, or
+    halves of a shorter window): a trend that shows growth, or a plateau."""
     span = min(FLAT_SPAN_S, (end - start) / 2)
 
     def peak(lo: float, hi: float) -> dict[str, int]:
         inside = [s for s in samples if lo <= s.at <= hi]
         return {k: max((s.rss[k] for s in inside), default=0) for k in ("daemon", "code server")}
 
-    return peak(start, end), peak(start, start + span), peak(end - span, end)
+    count = max(2, round((end - start) / span))
+    bounds = [start + (end - start) * i / count for i in range(count + 1)]
+    return peak(start, end), [peak(lo, hi) for lo, hi in itertools.pairwise(bounds)]
+
+
+def second_half_growth(spans: list[dict[str, int]], part: str) -> float:
+    """How much ``part``'s peak RSS grew over the window's second half (0.03: 3%)."""
+    middle = spans[len(spans) // 2 - 1][part] if len(spans) > 2 else spans[0][part]
+    return spans[-1][part] / middle - 1 if middle else float("nan")
 
 
 @dataclass
@@ -699,9 +710,7 @@ def count_syncs(figures: Figures, run: Running, first: Sample, last: Sample) -> 
     done = syncs(run.warehouse, first.at, last.at)
     figures.syncs = len(done)
     figures.syncs_failed = sum(1 for s in done if s[2] != "succeeded")
-    figures.rss_peak, figures.rss_first, figures.rss_last = rss_spans(
-        run.sampler.samples, first.at, last.at
-    )
+    figures.rss_peak, figures.rss_spans = rss_spans(run.sampler.samples, first.at, last.at)
     figures.rss_peak["run worker"] = run.sampler.run_peak
 
 
@@ -827,14 +836,15 @@ def rows(f: Figures, cores: int) -> dict[str, str]:
         "RSS peak MiB daemon / code / run": " / ".join(
             f"{mib.get(k, 0):.0f}" for k in ("daemon", "code server", "run worker")
         ),
-        "RSS daemon first / last span": (
-            f"{f.rss_first['daemon'] / MIB:.0f} / {f.rss_last['daemon'] / MIB:.0f}"
-        ),
-        "RSS code first / last span": (
-            f"{f.rss_first['code server'] / MIB:.0f} / {f.rss_last['code server'] / MIB:.0f}"
-        ),
+        "RSS peak MiB by span: span": _duration(f.window_s / max(len(f.rss_spans), 1)),
+        "  daemon": " ".join(f"{p['daemon'] / MIB:.0f}" for p in f.rss_spans),
+        "  code server": " ".join(f"{p['code server'] / MIB:.0f}" for p in f.rss_spans),
     }
     return out
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def summary(f: Figures, cores: int) -> dict:
@@ -873,6 +883,7 @@ def report(phases: list[Figures], cores: int) -> None:
         share = f.total_cpu / (f.window_s * cores)
         probe_ms = f.cpu["code server"] * 1000 / f.probes
         late = sum(1 for d in f.notice if d > f.bound_s)
+        growth = {k: second_half_growth(f.rss_spans, k) for k in ("daemon", "code server")}
         for ok, text in (
             (
                 per_poll <= TARGET_CORE_S_PER_POLL,
@@ -894,6 +905,12 @@ def report(phases: list[Figures], cores: int) -> None:
                 late == 0 and f.missing == 0,
                 f"{late} changes noticed later than interval+jitter+tick ({f.bound_s:.0f} s), "
                 f"{f.missing} never notified",
+            ),
+            (
+                max(growth.values()) <= TARGET_FLAT,
+                "memory over the window's second half: "
+                + ", ".join(f"{k} {v * 100:+.1f}%" for k, v in growth.items())
+                + f" (flat: at most {TARGET_FLAT * 100:+.0f}%)",
             ),
         ):
             print(f"{'TARGET MET' if ok else 'TARGET MISSED'}: {f.label}: {text}")

@@ -151,8 +151,13 @@ def test_bench_fleet_polls_a_few_sources_and_runs_only_for_changes(tmp_path) -> 
         "core-s per poll, all included",
         "change->notification p50/p95/max s",
         "RSS peak MiB daemon / code / run",
+        "RSS peak MiB by span: span",
     ):
         assert line in stdout
+    # Memory is shown span by span (two halves of this short window), and judged flat or not.
+    assert [len(span) for span in figures["rss_spans"]] == [2, 2]
+    assert all(span["daemon"] > 0 for span in figures["rss_spans"])
+    assert "memory over the window's second half: daemon " in stdout
     assert "TARGET" in stdout
 
 
