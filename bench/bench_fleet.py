@@ -96,6 +96,7 @@ TARGET_PROBE_MS = 20.0
 FLAT_SPAN_S = 300.0  # memory's peak is printed for each 5 minutes of the window
 TARGET_FLAT = 0.05  # at most 5% more memory at the window's end than at its half
 MIB = 1 << 20
+LONG_LIVED = ("daemon", "code server")  # the processes whose memory must stay flat
 # Why the sensor requested a run (pipeline/sensors.py's TRIGGER_TAG; not imported, so this
 # process does not load Dagster).
 TRIGGER_TAG = "changewatch/trigger"
@@ -632,20 +633,19 @@ def polls_due(
 def rss_spans(samples: list[Sample], start: float, end: float) -> tuple[dict, list[dict]]:
     """Peak RSS per part over the window, and over each of its spans in turn (5 minutes, or
     halves of a shorter window): a trend that shows growth, or a plateau."""
-    span = min(FLAT_SPAN_S, (end - start) / 2)
 
     def peak(lo: float, hi: float) -> dict[str, int]:
         inside = [s for s in samples if lo <= s.at <= hi]
-        return {k: max((s.rss[k] for s in inside), default=0) for k in ("daemon", "code server")}
+        return {k: max((s.rss[k] for s in inside), default=0) for k in LONG_LIVED}
 
-    count = max(2, round((end - start) / span))
+    count = max(2, round((end - start) / FLAT_SPAN_S))
     bounds = [start + (end - start) * i / count for i in range(count + 1)]
     return peak(start, end), [peak(lo, hi) for lo, hi in itertools.pairwise(bounds)]
 
 
 def second_half_growth(spans: list[dict[str, int]], part: str) -> float:
     """How much ``part``'s peak RSS grew over the window's second half (0.03: 3%)."""
-    middle = spans[len(spans) // 2 - 1][part] if len(spans) > 2 else spans[0][part]
+    middle = spans[len(spans) // 2 - 1][part]  # the span ending at (or nearest) the half
     return spans[-1][part] / middle - 1 if middle else float("nan")
 
 
@@ -883,7 +883,7 @@ def report(phases: list[Figures], cores: int) -> None:
         share = f.total_cpu / (f.window_s * cores)
         probe_ms = f.cpu["code server"] * 1000 / f.probes
         late = sum(1 for d in f.notice if d > f.bound_s)
-        growth = {k: second_half_growth(f.rss_spans, k) for k in ("daemon", "code server")}
+        growth = {k: second_half_growth(f.rss_spans, k) for k in LONG_LIVED}
         for ok, text in (
             (
                 per_poll <= TARGET_CORE_S_PER_POLL,
