@@ -13,7 +13,8 @@ phase of its own:
   --tick 30 60`` sets two ticks side by side); every update goes to a file channel;
 * one demo API on a thread of this process serving N trackers (``acme/r0000``...), so its
   CPU is not counted; the code server (``dagster code-server start``) and ``dagster-daemon
-  run`` as deploy/ starts them, with deploy/dagster.yaml and deploy/workspace.yaml;
+  run`` as deploy/ starts them, with deploy/dagster.yaml and deploy/workspace.yaml and the
+  allocator settings of deploy/docker-compose.yml (``--malloc glibc`` drops them);
 * warm-up: every target's first sync (its first probe always says "changed"); then changes
   begin: ``--change-rate`` of the targets each minute (default 5%), one issue updated at a
   time, at even spacing, on targets drawn at random; after one ``--interval`` of changes
@@ -240,6 +241,13 @@ class Deployment:
                 "the code server's API server ended (its proxy is still up): see "
                 f"{self.logs / 'code.log'}; --heartbeat-ttl gives it longer"
             )
+
+
+def deploy_malloc_env() -> dict[str, str]:
+    """The allocator settings (``MALLOC_*``) deploy/docker-compose.yml gives every process."""
+    compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yml").read_text())
+    env = compose["x-changewatch"]["environment"]
+    return {key: str(value) for key, value in env.items() if key.startswith("MALLOC_")}
 
 
 @contextmanager
@@ -670,7 +678,8 @@ def running(
     with ExitStack() as stack:
         api = stack.enter_context(DemoAPIServer(trackers[0], more=trackers[1:]))
         dagster, warehouse = stack.enter_context(fresh_storage(args.pg_url, args.keep))
-        env = dict(os.environ) | {
+        env = dict(os.environ) | (deploy_malloc_env() if args.malloc == "deploy" else {})
+        env |= {
             "DAGSTER_PG_URL": dagster,
             "CHANGEWATCH_CONFIG": str(config(api.url)),
             "CHANGEWATCH_WAREHOUSE_URL": warehouse,
@@ -960,6 +969,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pg-url", default=os.environ.get("CHANGEWATCH_TEST_PG_URL", DEFAULT_PG_URL)
     )
+    parser.add_argument(
+        "--malloc",
+        choices=["deploy", "glibc"],
+        default="deploy",
+        help="the allocator settings of deploy/docker-compose.yml, or glibc's defaults",
+    )
     parser.add_argument("--keep", action="store_true", help="keep databases and logs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args(argv)
@@ -977,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         f"window {'/'.join(f'{m:g}' for m in args.minutes)} min, "
         f"tick {'/'.join(f'{t:g}' for t in args.tick)} s, "
         f"{args.change_rate * 100:g}% of sources changing a minute, {args.issues} issues "
-        f"each; {cores} cores, load average {os.getloadavg()[0]:.1f} at start",
+        f"each; malloc {args.malloc} {deploy_malloc_env() if args.malloc == 'deploy' else ''}; "
+        f"{cores} cores, load average {os.getloadavg()[0]:.1f} at start",
         flush=True,
     )
     phases = []
