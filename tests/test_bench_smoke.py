@@ -61,6 +61,25 @@ def test_bench_probe_runs_on_a_few_sources() -> None:
     assert "per unchanged poll" in done.stdout
 
 
+def test_bench_workspace_reload_rereads_a_small_code_location_both_ways() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_workspace_reload.py"]
+        + ["--sources", "3", "--reloads", "4", "--every", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    # A row for the start and for every second re-read, with both clients' figures.
+    rows = [line.split() for line in lines if line.split()[:1] in (["0"], ["2"], ["4"])]
+    assert [row[0] for row in rows] == ["0", "2", "4"] and all(len(row) == 5 for row in rows)
+    for name in ("glibc", "deploy"):
+        assert f"{name}: RSS over the second half of the re-reads " in done.stdout
+        assert any(line.startswith(f"  {name}: ") and "CPU s per re-read" in line for line in lines)
+
+
 def test_bench_definitions_loads_the_code_location_for_a_few_sources() -> None:
     done = subprocess.run(
         [sys.executable, "bench/bench_definitions.py", "--sources", "2", "--rounds", "1"]
