@@ -13,8 +13,9 @@ phase of its own:
   --tick 30 60`` sets two ticks side by side); every update goes to a file channel;
 * one demo API on a thread of this process serving N trackers (``acme/r0000``...), so its
   CPU is not counted; the code server (``dagster code-server start``) and ``dagster-daemon
-  run`` as deploy/ starts them, with deploy/dagster.yaml and deploy/workspace.yaml and the
-  allocator settings of deploy/docker-compose.yml (``--malloc glibc`` drops them);
+  run`` as deploy/ starts them, with deploy/dagster.yaml and deploy/workspace.yaml, the
+  daemon with the allocator settings deploy/docker-compose.yml gives it (``--malloc glibc``
+  drops them);
 * warm-up: every target's first sync (its first probe always says "changed"); then changes
   begin: ``--change-rate`` of the targets each minute (default 5%), one issue updated at a
   time, at even spacing, on targets drawn at random; after one ``--interval`` of changes
@@ -243,16 +244,24 @@ class Deployment:
             )
 
 
-def deploy_malloc_env() -> dict[str, str]:
-    """The allocator settings (``MALLOC_*``) deploy/docker-compose.yml gives every process."""
+def deploy_daemon_env() -> dict[str, str]:
+    """The variables deploy/docker-compose.yml sets for the daemon alone (its command's
+    ``env NAME=value ...`` prefix)."""
     compose = yaml.safe_load((REPO / "deploy" / "docker-compose.yml").read_text())
-    env = compose["x-changewatch"]["environment"]
-    return {key: str(value) for key, value in env.items() if key.startswith("MALLOC_")}
+    command = compose["services"]["daemon"]["command"]
+    prefix = itertools.takewhile(
+        lambda word: "=" in word, command[1:] if command[0] == "env" else []
+    )
+    return dict(word.split("=", 1) for word in prefix)
 
 
 @contextmanager
 def deployment(
-    folder: Path, env: dict[str, str], limit: float, code_options: list[str]
+    folder: Path,
+    env: dict[str, str],
+    limit: float,
+    code_options: list[str],
+    daemon_env: dict[str, str],
 ) -> Iterator[Deployment]:
     """deploy/'s one-off step, then its code server and, once that listens (as the compose
     file's health check waits), the daemon; on leaving, both are stopped with every process
@@ -276,10 +285,15 @@ def deployment(
     daemon = [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]
     with ExitStack() as stack:
 
-        def start(name: str, command: list[str]) -> subprocess.Popen:
+        def start(name: str, command: list[str], extra: dict | None = None) -> subprocess.Popen:
             log = stack.enter_context((folder / f"{name}.log").open("w"))
             proc = subprocess.Popen(
-                command, env=env, cwd=home, stdout=log, stderr=log, preexec_fn=die_with_parent
+                command,
+                env=env | (extra or {}),
+                cwd=home,
+                stdout=log,
+                stderr=log,
+                preexec_fn=die_with_parent,
             )
             stack.callback(stop_tree, proc)
             return proc
@@ -291,7 +305,7 @@ def deployment(
             if time.time() > deadline:
                 raise SystemExit(f"the code server did not listen within {limit:.0f} s")
             time.sleep(0.5)
-        deploy.daemon = start("daemon", daemon)
+        deploy.daemon = start("daemon", daemon, daemon_env)
         yield deploy
 
 
@@ -678,14 +692,16 @@ def running(
     with ExitStack() as stack:
         api = stack.enter_context(DemoAPIServer(trackers[0], more=trackers[1:]))
         dagster, warehouse = stack.enter_context(fresh_storage(args.pg_url, args.keep))
-        env = dict(os.environ) | (deploy_malloc_env() if args.malloc == "deploy" else {})
-        env |= {
+        env = dict(os.environ) | {
             "DAGSTER_PG_URL": dagster,
             "CHANGEWATCH_CONFIG": str(config(api.url)),
             "CHANGEWATCH_WAREHOUSE_URL": warehouse,
         }
         options = ["--heartbeat-ttl", str(args.heartbeat_ttl)] if args.heartbeat_ttl else []
-        deploy = stack.enter_context(deployment(folder, env, args.warmup_limit, options))
+        daemon_env = deploy_daemon_env() if args.malloc == "deploy" else {}
+        deploy = stack.enter_context(
+            deployment(folder, env, args.warmup_limit, options, daemon_env)
+        )
         sampler = stack.enter_context(Sampler(deploy, args.sample))
         yield Running(
             api, dagster, warehouse, deploy, sampler, Tail(folder / "notifications.jsonl")
@@ -973,7 +989,7 @@ def main(argv: list[str] | None = None) -> int:
         "--malloc",
         choices=["deploy", "glibc"],
         default="deploy",
-        help="the allocator settings of deploy/docker-compose.yml, or glibc's defaults",
+        help="the daemon's allocator settings of deploy/docker-compose.yml, or glibc's defaults",
     )
     parser.add_argument("--keep", action="store_true", help="keep databases and logs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -992,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
         f"window {'/'.join(f'{m:g}' for m in args.minutes)} min, "
         f"tick {'/'.join(f'{t:g}' for t in args.tick)} s, "
         f"{args.change_rate * 100:g}% of sources changing a minute, {args.issues} issues "
-        f"each; malloc {args.malloc} {deploy_malloc_env() if args.malloc == 'deploy' else ''}; "
+        f"each; daemon's malloc: {deploy_daemon_env() if args.malloc == 'deploy' else 'glibc'}; "
         f"{cores} cores, load average {os.getloadavg()[0]:.1f} at start",
         flush=True,
     )

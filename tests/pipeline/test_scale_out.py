@@ -324,7 +324,13 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
     assert services["init"]["command"][:4] == ["dagster", "instance", "concurrency", "set"]
     assert services["code"]["command"][:3] == ["dagster", "code-server", "start"]
     assert services["webserver"]["command"][0] == "dagster-webserver"
-    assert services["daemon"]["command"][:2] == ["dagster-daemon", "run"]
+    # The daemon with two malloc arenas (its re-reads of the code location fragment more).
+    assert services["daemon"]["command"][:4] == [
+        "env",
+        "MALLOC_ARENA_MAX=2",
+        "dagster-daemon",
+        "run",
+    ]
 
     postgres = services["postgres"]
     assert postgres["image"].startswith("postgres:")
@@ -472,8 +478,12 @@ def free_port() -> int:
 
 
 def local(command: list[str], **options: str) -> list[str]:
-    """A documented command with its host/port options replaced, run from this venv."""
-    command = [str(BIN / command[0]), *command[1:]]
+    """A documented command with its host/port options replaced, its program run from this
+    venv (after an ``env NAME=value`` prefix, which stays)."""
+    at = 0
+    while command[at] == "env" or "=" in command[at]:
+        at += 1
+    command = [*command[:at], str(BIN / command[at]), *command[at + 1 :]]
     for flag, value in options.items():
         command[command.index(flag) + 1] = value
     return command
@@ -537,6 +547,11 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
         # How long a process takes to load Dagster and the code location on this machine now:
         # the yardstick of the waits below (a run worker does the same before it syncs).
         started = wait_working(webserver_up, pids=pids, what="the webserver")
+        # `env` gave the daemon its allocator setting and became the daemon (same process).
+        daemon_env = Path(f"/proc/{procs['daemon'].pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" in daemon_env
+        code_env = Path(f"/proc/{procs['code'].pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLOC_ARENA_MAX=2" not in code_env  # from the daemon's command, not ours
         with gate(pg_warehouse, list(trackers)) as waiting:
             # The daemon's sensor finds both sources due at one tick and requests one batched
             # run (its first tick may come a sensor interval later); the run queue launches it
