@@ -285,27 +285,22 @@ def deployment(
     daemon = [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]
     with ExitStack() as stack:
 
-        def start(name: str, command: list[str], extra: dict | None = None) -> subprocess.Popen:
+        def start(name: str, command: list[str], env: dict[str, str]) -> subprocess.Popen:
             log = stack.enter_context((folder / f"{name}.log").open("w"))
             proc = subprocess.Popen(
-                command,
-                env=env | (extra or {}),
-                cwd=home,
-                stdout=log,
-                stderr=log,
-                preexec_fn=die_with_parent,
+                command, env=env, cwd=home, stdout=log, stderr=log, preexec_fn=die_with_parent
             )
             stack.callback(stop_tree, proc)
             return proc
 
-        deploy = Deployment(code=start("code", code), daemon=None, logs=folder)
+        deploy = Deployment(code=start("code", code, env), daemon=None, logs=folder)
         deadline = time.time() + limit
         while not listening(port):
             deploy.check_alive()
             if time.time() > deadline:
                 raise SystemExit(f"the code server did not listen within {limit:.0f} s")
             time.sleep(0.5)
-        deploy.daemon = start("daemon", daemon, daemon_env)
+        deploy.daemon = start("daemon", daemon, env | daemon_env)
         yield deploy
 
 

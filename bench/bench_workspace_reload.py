@@ -37,22 +37,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_fleet import deploy_daemon_env, watches_file
-from proctree import die_with_parent, free_port, listening, stop_tree
+from bench_fleet import BIN, MIB, TARGET_FLAT, deploy_daemon_env, watches_file
+from proctree import die_with_parent, free_port, listening, rss_bytes, stop_tree
 
-BIN = Path(sys.executable).parent
-# The memory line's rule, as bench_fleet's: the last report at most 5% above the middle one.
-TARGET_FLAT = 0.05
 # The code server loads the watches file but connects to no warehouse until a run starts.
 IDLE_WAREHOUSE = "postgresql://postgres@127.0.0.1:5432/test?schema=bench_workspace_reload"
-
-
-def rss_mib() -> float:
-    """This process's resident memory now."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def client(port: int, reloads: int, every: int) -> None:
@@ -73,7 +62,11 @@ def client(port: int, reloads: int, every: int) -> None:
 
     def report(done: int) -> None:
         gc.collect()
-        figures = {"reloads": done, "rss": rss_mib(), "objects": len(gc.get_objects())}
+        figures = {
+            "reloads": done,
+            "rss": rss_bytes(os.getpid()) / MIB,
+            "objects": len(gc.get_objects()),
+        }
         print(json.dumps(figures | {"cpu": time.process_time()}), flush=True)
 
     with tempfile.TemporaryDirectory() as home:
@@ -135,12 +128,6 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, list[dict]]:
     return reports
 
 
-def growth(reports: list[dict]) -> float:
-    """RSS growth from the middle report to the last."""
-    middle = reports[(len(reports) - 1) // 2]["rss"]
-    return reports[-1]["rss"] / middle - 1
-
-
 def report(reports: dict[str, list[dict]], sources: int) -> None:
     names = list(reports)
     print(f"\nRSS and live Python objects by re-read, {sources} sources:")
@@ -152,12 +139,13 @@ def report(reports: dict[str, list[dict]], sources: int) -> None:
         spent = (rows[-1]["cpu"] - rows[1]["cpu"]) / (rows[-1]["reloads"] - rows[1]["reloads"])
         print(f"  {name}: {spent:.2f} CPU s per re-read (the client's, the daemon's share)")
     for name, rows in reports.items():
-        change = growth(rows)
+        # As bench_fleet's memory line: the last report against the middle one.
+        middle, last = rows[(len(rows) - 1) // 2]["rss"], rows[-1]["rss"]
+        change = last / middle - 1
         verdict = "flat" if change <= TARGET_FLAT else "GROWING"
         print(
             f"{name}: RSS over the second half of the re-reads {change * 100:+.1f}% "
-            f"({rows[(len(rows) - 1) // 2]['rss']:.0f} -> {rows[-1]['rss']:.0f} MiB): {verdict} "
-            f"(flat: at most +{TARGET_FLAT * 100:g}%)"
+            f"({middle:.0f} -> {last:.0f} MiB): {verdict} (flat: at most +{TARGET_FLAT * 100:g}%)"
         )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "free_port",
     "hwm_bytes",
     "listening",
+    "rss_bytes",
     "snapshot",
     "stop_tree",
     "tree",
@@ -112,6 +113,12 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory now, 0 once it has ended."""
+    proc = _read(pid)
+    return proc.rss if proc else 0
 
 
 def hwm_bytes(pid: int) -> int:
