@@ -3,13 +3,12 @@
 # No `from __future__ import annotations` here: Dagster reads the asset function's annotations
 # at definition time to recognise the context and resource parameters.
 
-import sqlite3
 import time
 from collections.abc import Callable
 
 import dagster as dg
 from changewatch.pipeline.freshness import source_freshness
-from changewatch.pipeline.inbox import Inbox, inbox_path
+from changewatch.pipeline.inbox import INBOX_ERRORS, open_inbox
 from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, not_paused_result, read_pauses
 from changewatch.pipeline.poll_schedule import record_from_tags
 from changewatch.pipeline.resources import WAREHOUSE_POOL, WarehouseResource, warehouse_pool
@@ -73,7 +72,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
     )
     @shared_signature  # Dagster reads it ~17 times (pipeline/signatures.py)
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource):  # yields its events
-        inbox = Inbox(inbox_path()) if source.webhook is not None else None
+        inbox = open_inbox() if source.webhook is not None else None
         # The webhook deliveries stored before this sync fetches are covered by it.
         covered = _inbox(context, lambda: inbox.watermark(source.name)) if inbox else 0
         with warehouse.connect() as wh:
@@ -200,7 +199,7 @@ def _inbox(context: AssetExecutionContext, call: Callable[[], int]) -> int:
     and a later sync covers them; the data of this one is stored either way."""
     try:
         return call()
-    except sqlite3.Error as error:
+    except INBOX_ERRORS as error:
         context.log.warning(f"webhook inbox: {error}; its deliveries wait for a later sync")
         return 0
 

@@ -285,6 +285,10 @@ def _validate(config: ChangewatchConfig) -> int:
         f"{len(config.channels)} channel(s), {len(config.digests)} digest(s)"
     )
     # Not a fault of the file, and the other watches run: said, not refused.
+    from changewatch.pipeline.shared_disk import local_file_warnings
+
+    for line in local_file_warnings(config):
+        print(f"warning: {line}")
     local = [
         w.name
         for w in config.watches
@@ -402,7 +406,7 @@ def _feedback_server(config: ChangewatchConfig, host: str, port: int) -> int:
 def _webhooks(config: ChangewatchConfig, host: str, port: int) -> int:
     import logging
 
-    from changewatch.pipeline.inbox import Inbox, inbox_path
+    from changewatch.pipeline.inbox import open_inbox
     from changewatch.pipeline.receiver import WebhookReceiver
 
     # A server's log is its output: each delivery stored or refused, one line (never a secret).
@@ -412,12 +416,10 @@ def _webhooks(config: ChangewatchConfig, host: str, port: int) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
-    inbox = Inbox(inbox_path())
+    inbox = open_inbox()
     receiver = WebhookReceiver(config.sources, inbox=inbox, host=host, port=port)
     paths = ", ".join(f"{r.source} at {path}" for path, r in receiver.routes.items())
-    print(
-        f"receiving webhooks on {receiver.url} ({paths}); inbox {inbox.path.resolve()}", flush=True
-    )
+    print(f"receiving webhooks on {receiver.url} ({paths}); inbox {inbox.location}", flush=True)
     try:
         receiver.serve_forever()
     except KeyboardInterrupt:

@@ -10,6 +10,11 @@ PostgreSQL warehouse, so one design fits both. WAL with ``synchronous=FULL``: a 
 disk before the receiver answers. Every process that uses it (the receiver, the code server,
 the runs) must see the same file: ``$CHANGEWATCH_WEBHOOK_INBOX``, default
 ``.changewatch/webhooks.sqlite`` from the working directory, as the default warehouse is.
+
+On several hosts there is no such file: where Dagster's storage is PostgreSQL
+(``$DAGSTER_PG_URL``, as deploy/dagster.yaml has it) the inbox is a table in that database
+(pipeline/inbox_postgres.py), or in the one ``$CHANGEWATCH_WEBHOOK_INBOX`` names by a
+``postgresql://`` URL. ``open_inbox`` picks.
 """
 
 from __future__ import annotations
@@ -21,19 +26,31 @@ from collections.abc import Iterator, Mapping
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import adbc_driver_manager
 from changewatch.sql import load
+
+if TYPE_CHECKING:
+    from changewatch.pipeline.inbox_postgres import PostgresInbox
 
 __all__ = [
     "DEFAULT_INBOX",
     "INBOX_ENV",
     "KEEP_CONSUMED_S",
     "Inbox",
+    "INBOX_ERRORS",
     "Pending",
     "inbox_path",
+    "open_inbox",
 ]
 
 INBOX_ENV = "CHANGEWATCH_WEBHOOK_INBOX"
+# What a store of either kind raises when it cannot be read or written (server down, disk
+# full, locked past the wait): the caller answers 503 or leaves the deliveries pending.
+INBOX_ERRORS: tuple[type[Exception], ...] = (sqlite3.Error, adbc_driver_manager.Error)
+# Dagster's PostgreSQL storage (deploy/dagster.yaml): where it is set, the inbox lives there.
+DAGSTER_PG_ENV = "DAGSTER_PG_URL"
 DEFAULT_INBOX = ".changewatch/webhooks.sqlite"
 # Consumed deliveries are kept this long, so a provider's late retry is still a duplicate.
 KEEP_CONSUMED_S = 30 * 86400
@@ -53,6 +70,34 @@ def inbox_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(environ.get(INBOX_ENV) or DEFAULT_INBOX)
 
 
+def _postgres_url(value: str) -> str | None:
+    """``value`` as a libpq URL if it names a PostgreSQL database, else None.
+
+    >>> _postgres_url("postgresql+psycopg2://cw@db/dagster"), _postgres_url("in.sqlite")
+    ('postgresql://cw@db/dagster', None)
+    """
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme.split("+")[0] in ("postgresql", "postgres"):
+        return f"postgresql://{rest}"
+    return None
+
+
+def open_inbox(environ: Mapping[str, str] | None = None) -> Inbox | PostgresInbox:
+    """The inbox this process shares with the others: ``$CHANGEWATCH_WEBHOOK_INBOX`` (a file,
+    or a ``postgresql://`` URL); unset, Dagster's database where ``$DAGSTER_PG_URL`` is set
+    (several hosts), else the file ``.changewatch/webhooks.sqlite``."""
+    from changewatch.pipeline.inbox_postgres import PostgresInbox
+
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(INBOX_ENV) or ""
+    if not chosen:
+        chosen = environ.get(DAGSTER_PG_ENV) or ""
+        if not _postgres_url(chosen):
+            chosen = ""
+    url = _postgres_url(chosen)
+    return PostgresInbox.shared(url) if url else Inbox(inbox_path(environ))
+
+
 @dataclass(frozen=True)
 class Pending:
     """A stored delivery no sync has covered yet."""
@@ -68,6 +113,11 @@ class Inbox:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+
+    @property
+    def location(self) -> str:
+        """Where the inbox is, for messages: the file's absolute path."""
+        return str(self.path.resolve())
 
     def __repr__(self) -> str:
         return f"Inbox({str(self.path)!r})"

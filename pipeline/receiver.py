@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,8 @@ from urllib.parse import urlsplit
 
 from changewatch.evaluators.threaded_server import ThreadedServer
 from changewatch.pipeline.errors import ChangewatchError
-from changewatch.pipeline.inbox import Inbox
+from changewatch.pipeline.inbox import INBOX_ERRORS, Inbox
+from changewatch.pipeline.inbox_postgres import PostgresInbox
 from changewatch.pipeline.webhook_signatures import (
     DeliveryError,
     SignatureError,
@@ -106,7 +106,7 @@ class WebhookReceiver(ThreadedServer):
         self,
         sources: Sequence[SourceBase],
         *,
-        inbox: Inbox,
+        inbox: Inbox | PostgresInbox,
         host: str = "127.0.0.1",
         port: int = DEFAULT_PORT,
         environ: Mapping[str, str] | None = None,
@@ -149,8 +149,9 @@ class WebhookReceiver(ThreadedServer):
                 event=verified.event,
                 body=body,
             )
-        except sqlite3.Error as error:
-            log.error("webhook for %s not stored (%s): %s", route.source, self.inbox.path, error)
+        except INBOX_ERRORS as error:
+            where = self.inbox.location
+            log.error("webhook for %s not stored (%s): %s", route.source, where, error)
             return 503, {"error": "not stored; try again"}
         log.info(
             "webhook for %s: delivery %s %s",

@@ -25,7 +25,8 @@ from typing import TypeVar
 
 import dagster as dg
 from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.inbox import Inbox, Pending, inbox_path
+from changewatch.pipeline.inbox import Inbox, Pending, open_inbox
+from changewatch.pipeline.inbox_postgres import PostgresInbox
 from changewatch.pipeline.sensors import TRIGGER_TAG
 from changewatch.sources.base import ProbeSettings, SourceBase
 from changewatch.sources.fleet import is_fleet
@@ -93,7 +94,7 @@ def webhook_sensor(
     jobs: Mapping[str, dg.UnresolvedAssetJobDefinition],
     selections: Mapping[str, Sequence[dg.AssetKey]],
     *,
-    inbox: Callable[[], Inbox] = lambda: Inbox(inbox_path()),
+    inbox: Callable[[], Inbox | PostgresInbox] = open_inbox,
 ) -> dg.SensorDefinition:
     """The sensor that syncs ``sources`` (those with ``webhook:``) when deliveries wait for
     them; ``jobs`` holds the job of each source by its name, ``selections`` what its runs
