@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from cw_testing import REPO
+
+# The end-to-end tier (`pytest -m e2e`, run by .ci/run after the fast tier).
+pytestmark = pytest.mark.e2e
 
 
 def test_bench_adaptive_runs_and_never_polls_too_soon() -> None:

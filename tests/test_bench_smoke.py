@@ -11,6 +11,9 @@ import patience
 import pytest
 from cw_testing import PG_URL, REPO
 
+# The end-to-end tier (`pytest -m e2e`, run by .ci/run after the fast tier).
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.parametrize("server", ["process", "thread"])
 def test_bench_sync_runs_on_a_small_listing(server: str) -> None:

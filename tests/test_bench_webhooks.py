@@ -10,6 +10,9 @@ import patience
 import pytest
 from cw_testing import REPO
 
+# The end-to-end tier (`pytest -m e2e`, run by .ci/run after the fast tier).
+pytestmark = pytest.mark.e2e
+
 
 @pytest.mark.heavy  # a real daemon and code server: started first
 def test_bench_webhooks_notifies_each_change_once_and_stores_no_forgery(tmp_path) -> None:

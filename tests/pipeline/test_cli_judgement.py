@@ -54,6 +54,7 @@ def world(tmp_path: Path, demo_api: DemoAPIServer, warehouse_url: str):
         yield tmp_path, env, warehouse_url
 
 
+@pytest.mark.e2e  # a dozen `changewatch` processes in a row
 def test_explain_feedback_and_eval_from_the_command_line(world) -> None:
     cwd, env, url = world
     with connect(url) as wh:

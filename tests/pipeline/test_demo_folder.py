@@ -114,6 +114,7 @@ def build_wheel(destination: Path) -> Path:
     return wheel
 
 
+@pytest.mark.e2e  # builds and installs a wheel
 def test_demo_runs_from_an_empty_folder_after_installing_the_wheel(
     tmp_path: Path, no_llm: str
 ) -> None:

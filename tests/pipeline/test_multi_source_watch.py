@@ -20,7 +20,7 @@ from dagster import DagsterEventType, DagsterInstance
 from test_cli import EVAL_LINE, run_cli
 
 # Subprocesses: started first (see tests/conftest.py).
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.e2e]  # e2e: run by `pytest -m e2e`
 
 COLUMNS = {"number": "bigint", "title": "text", "state": "text", "updated_at": "timestamp"}
 

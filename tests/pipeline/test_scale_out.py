@@ -44,7 +44,7 @@ from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage, Postgr
 from patience import STALL_S, reaped, wait_working
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.e2e]  # e2e: run by `pytest -m e2e`
 
 SOURCES = [f"tracker_{i}" for i in range(8)]
 BIN = Path(sys.executable).parent

@@ -260,6 +260,7 @@ def daemon_workspace() -> Iterator[tuple[dg.DagsterInstance, object]]:
         yield instance, workspace
 
 
+@pytest.mark.e2e  # a real dagster-daemon
 def test_daemon_requests_one_run_per_slot_and_runs_one_sync_per_source_at_a_time(
     demo_env, tmp_path, monkeypatch, llm_url
 ):

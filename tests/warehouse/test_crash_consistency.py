@@ -21,7 +21,7 @@ from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
-pytestmark = pytest.mark.heavy
+pytestmark = [pytest.mark.heavy, pytest.mark.e2e]  # e2e: run by `pytest -m e2e`
 
 REPO = Path(__file__).resolve().parents[2]
 ISSUES = 30_000
