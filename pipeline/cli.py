@@ -250,7 +250,8 @@ def _run(args: argparse.Namespace) -> int:
         return eval_command.run(args)
     from changewatch.pipeline.config import load_config
 
-    config = load_config(args.config)
+    # validate checks the webhook receiver's secrets too, which only its process needs.
+    config = load_config(args.config, webhook_secrets=args.command == "validate")
     if args.command == "validate":
         return _validate(config)
     if args.command == "digest":

@@ -36,7 +36,7 @@ from changewatch.sources import SourceConfig
 from changewatch.sources.base import Duration
 from changewatch.sources.fleet import is_fleet, query_problem
 from changewatch.sources.polling import polling_problems
-from changewatch.sources.webhook import webhook_problems
+from changewatch.sources.webhook import webhook_problems, webhook_provider
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
 from pydantic import (
@@ -182,8 +182,14 @@ class ChangewatchConfig(BaseModel):
         raise KeyError(f"no source {name!r}; known: {[s.name for s in self.sources]}")
 
 
-def load_config(path: str | Path | None = None) -> ChangewatchConfig:
-    """Read, expand and validate the watches file; raise ``ConfigError`` on any problem."""
+def load_config(
+    path: str | Path | None = None, *, webhook_secrets: bool = False
+) -> ChangewatchConfig:
+    """Read, expand and validate the watches file; raise ``ConfigError`` on any problem.
+
+    ``webhook_secrets`` (``changewatch validate``) also checks each source's
+    ``webhook.secret_env``: only the receiver reads it, so the other processes need not have it.
+    """
     file = config_path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -229,6 +235,10 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
             f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
             f"{config.feedback.secret_env} (the feedback links' signing secret) is not set"
         )
+    for index, source in enumerate(config.sources if webhook_secrets else []):
+        if source.webhook is not None and (why := _webhook_secret_problem(source)):
+            loc = ("sources", index, "webhook", "secret_env")
+            problems.append(f"{file}:{_line(root, loc)}: {_dotted(loc)}: {why}")
     # A local judge that cannot run (extra or model file missing) is not a problem of the
     # file: only its watches fail, each when it is evaluated (`validate` names them).
     for index, watch in enumerate(config.watches):
@@ -242,6 +252,20 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     return _anchor_paths(config, file.resolve().parent)
+
+
+def _webhook_secret_problem(source: SourceConfig) -> str | None:
+    """Why `changewatch webhooks` would refuse to start on ``source``'s secret, if it would."""
+    from changewatch.pipeline.webhook_signatures import signing_key
+
+    name = source.webhook.secret_env
+    if not os.environ.get(name, "").strip():
+        return f"environment variable {name} is not set (`changewatch webhooks` needs it)"
+    try:
+        signing_key(webhook_provider(source.type, source.webhook), os.environ[name])
+    except ValueError as error:
+        return f"environment variable {name}: {error}"
+    return None
 
 
 def _anchor_paths(config: ChangewatchConfig, base: Path) -> ChangewatchConfig:

@@ -126,3 +126,32 @@ def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WEBHOOK_SECRET")
     with pytest.raises(ConfigError, match=r"secret_env: environment variable WEBHOOK_SECRET"):
         load_config(REPO / "examples" / "github.yaml")
+
+
+def test_validate_names_an_unset_webhook_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from changewatch.pipeline.cli import main
+
+    path = tmp_path / "watches.yaml"
+    text = (CONFIGS / "wrong_type.yaml").read_text().replace("every now and then", "60")
+    hook = "    webhook: {path: /hooks/issues, secret_env: CW_TEST_UNSET_HOOK_SECRET}\n"
+    path.write_text(text + hook)
+    line = len(text.splitlines()) + 1
+    monkeypatch.delenv("CW_TEST_UNSET_HOOK_SECRET", raising=False)
+    # Only the receiver reads it: the code server, the daemon and the runs load the file.
+    assert load_config(path).sources[0].webhook is not None
+    assert main(["--config", str(path), "validate"]) == 2
+    assert capsys.readouterr().err == (
+        f"changewatch: {path}:{line}: sources[0].webhook.secret_env: environment variable "
+        "CW_TEST_UNSET_HOOK_SECRET is not set (`changewatch webhooks` needs it)\n"
+    )
+    # A Standard Webhooks secret the receiver could not decode is named too (never shown).
+    monkeypatch.setenv("CW_TEST_UNSET_HOOK_SECRET", "whsec_not*base64")
+    assert main(["--config", str(path), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{line}: sources[0].webhook.secret_env: environment variable" in err
+    assert "is not base64" in err and "not*base64" not in err
+    monkeypatch.setenv("CW_TEST_UNSET_HOOK_SECRET", "whsec_czNjcmV0")
+    assert main(["--config", str(path), "validate"]) == 0
+    assert capsys.readouterr().out.startswith("ok: 1 source(s)")
