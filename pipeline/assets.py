@@ -75,29 +75,38 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
         inbox = open_inbox() if source.webhook is not None else None
         # The webhook deliveries stored before this sync fetches are covered by it.
         covered = _inbox(context, lambda: inbox.watermark(source.name)) if inbox else 0
-        with warehouse.connect() as wh:
-            try:
-                stats = run_sync(
-                    wh,
-                    build_source(source),
-                    dagster_run_id=context.run.run_id,
-                    silent=context.run.tags.get(SILENT_TAG) == "true",
-                    full=context.run.tags.get(FULL_TAG) == "true",
-                )
-            except SyncSkipped as skipped:
-                context.log.info(f"{source.name}: {skipped}")
-                yield dg.AssetObservation(
-                    asset_key=source.table, metadata={"skipped": str(skipped)}
-                )
-                # The check is the other sync's to evaluate: this one says so, and passes.
-                yield dg.AssetCheckResult(
-                    check_name=STORM_CHECK, passed=True, description=str(skipped)
-                )
-                yield from _paused(context, source)
-                return
-            held = held_changes(wh, source)
-            # The sensor's decision about this source, in its run tag (pipeline/poll_schedule.py).
-            polled = record_from_tags(wh, context.run.tags, [source.name])
+        try:
+            with warehouse.connect() as wh:
+                try:
+                    stats = run_sync(
+                        wh,
+                        build_source(source),
+                        dagster_run_id=context.run.run_id,
+                        silent=context.run.tags.get(SILENT_TAG) == "true",
+                        full=context.run.tags.get(FULL_TAG) == "true",
+                    )
+                except SyncSkipped as skipped:
+                    context.log.info(f"{source.name}: {skipped}")
+                    yield dg.AssetObservation(
+                        asset_key=source.table, metadata={"skipped": str(skipped)}
+                    )
+                    # The check is the other sync's to evaluate: this one says so, and passes.
+                    yield dg.AssetCheckResult(
+                        check_name=STORM_CHECK, passed=True, description=str(skipped)
+                    )
+                    yield from _paused(context, source)
+                    return
+                held = held_changes(wh, source)
+                # The sensor's decision about this source, in its run tag
+                # (pipeline/poll_schedule.py).
+                polled = record_from_tags(wh, context.run.tags, [source.name])
+        except Exception:
+            # The run fails with the sync's own error (its API down...). Left unanswered, the
+            # checks would show as failed beside it, a storm alarm for what is no storm: they
+            # are answered from what is stored, and the error goes on.
+            yield _storm_check_after_failure(warehouse, source)
+            yield from _paused(context, source)
+            raise
         # Only once the rows are committed: a failed sync leaves its deliveries pending.
         run_id = context.run.run_id
         consumed = (
@@ -143,20 +152,42 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 **({"webhook_deliveries": consumed} if inbox else {}),
                 **{f"poll_{k}": v for r in polled for k, v in _poll_metadata(r).items()},
             },
-            check_results=[
-                dg.AssetCheckResult(
-                    check_name=STORM_CHECK,
-                    passed=held == 0,
-                    metadata={"held_changes": held},
-                    description=(
-                        f"{held} change(s) held after a change storm" if held else "none held"
-                    ),
-                ),
-                *_paused(context, source),
-            ],
+            check_results=[_storm_check(held), *_paused(context, source)],
         )
 
     return _sync
+
+
+def _storm_check(held: int) -> dg.AssetCheckResult:
+    """The ``no_change_storm`` result: failed while changes of a storm are held."""
+    return dg.AssetCheckResult(
+        check_name=STORM_CHECK,
+        passed=held == 0,
+        metadata={"held_changes": held},
+        description=f"{held} change(s) held after a change storm" if held else "none held",
+    )
+
+
+def _storm_check_after_failure(
+    warehouse: WarehouseResource, source: SourceConfig
+) -> dg.AssetCheckResult:
+    """The ``no_change_storm`` result beside a failed sync: a failed sync holds nothing, so
+    the changes held by earlier ones are counted; if even that fails (the warehouse down,
+    or no sync ever stored the source), the check passes as not evaluated, since the failure
+    is the run's to report, not a storm."""
+    try:
+        with warehouse.connect() as wh:
+            return _storm_check(held_changes(wh, source))
+    except Exception as error:  # noqa: BLE001 - any failure to count is "not evaluated"
+        return dg.AssetCheckResult(
+            check_name=STORM_CHECK,
+            passed=True,
+            metadata={"evaluated": False},
+            description=(
+                "not evaluated: the sync failed, and its held changes could not be counted "
+                f"({type(error).__name__}; the run's failure says more)"
+            ),
+        )
 
 
 def _pause_check(source: SourceConfig) -> list[dg.AssetCheckSpec]:

@@ -80,11 +80,15 @@ def _parser() -> argparse.ArgumentParser:
 
     digest = commands.add_parser("digest", help="send one day's digest (default: yesterday)")
     digest.add_argument("name", help="the digest's name in the watches file")
-    digest.add_argument("--day", type=date.fromisoformat, help="YYYY-MM-DD in the digest's zone")
+    digest.add_argument(
+        "--day",
+        type=date.fromisoformat,
+        help="YYYY-MM-DD in the digest's zone (default: yesterday; with --partial, today)",
+    )
     digest.add_argument(
         "--partial",
         action="store_true",
-        help="send the day so far and leave it open (its whole digest still goes out later)",
+        help="send today so far and leave it open (its whole digest still goes out later)",
     )
 
     api = commands.add_parser("demo-api", help="serve the demo API until Ctrl-C")
@@ -246,7 +250,8 @@ def _run(args: argparse.Namespace) -> int:
         return eval_command.run(args)
     from changewatch.pipeline.config import load_config
 
-    config = load_config(args.config)
+    # validate checks the webhook receiver's secrets too, which only its process needs.
+    config = load_config(args.config, webhook_secrets=args.command == "validate")
     if args.command == "validate":
         return _validate(config)
     if args.command == "digest":
@@ -483,8 +488,9 @@ def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: 
 
     _known("digest", name, [d.name for d in config.digests])
     digest = next(d for d in config.digests if d.name == name)
-    if day is None:
-        day = datetime.now(ZoneInfo(digest.timezone)).date() - timedelta(days=1)
+    if day is None:  # the day so far is today's; a whole day, the last that ended
+        today = datetime.now(ZoneInfo(digest.timezone)).date()
+        day = today if partial else today - timedelta(days=1)
     try:
         meta = send_day(config, digest, day, partial=partial)
     except ValueError as refused:  # the day is not over, or before the digest's start

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import duckdb
 import yaml
@@ -30,13 +31,13 @@ from changewatch.evaluators.filters import (
     compile_filter,
 )
 from changewatch.evaluators.templates import template_problems
-from changewatch.pipeline.errors import ConfigError
+from changewatch.pipeline.errors import ConfigError, did_you_mean, named
 from changewatch.pipeline.locations import CONFIG_ENV, DEFAULT_CONFIG, config_path
 from changewatch.sources import SourceConfig
 from changewatch.sources.base import Duration
 from changewatch.sources.fleet import is_fleet, query_problem
 from changewatch.sources.polling import polling_problems
-from changewatch.sources.webhook import webhook_problems
+from changewatch.sources.webhook import webhook_problems, webhook_provider
 from changewatch.warehouse.retention import RetentionConfig
 from dagster._utils.schedules import is_valid_cron_string  # the parser Dagster itself uses
 from pydantic import (
@@ -182,8 +183,14 @@ class ChangewatchConfig(BaseModel):
         raise KeyError(f"no source {name!r}; known: {[s.name for s in self.sources]}")
 
 
-def load_config(path: str | Path | None = None) -> ChangewatchConfig:
-    """Read, expand and validate the watches file; raise ``ConfigError`` on any problem."""
+def load_config(
+    path: str | Path | None = None, *, webhook_secrets: bool = False
+) -> ChangewatchConfig:
+    """Read, expand and validate the watches file; raise ``ConfigError`` on any problem.
+
+    ``webhook_secrets`` (``changewatch validate``) also checks each source's
+    ``webhook.secret_env``: only the receiver reads it, so the other processes need not have it.
+    """
     file = config_path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -229,6 +236,10 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
             f"{file}:{_line(root, loc)}: {_dotted(loc)}: environment variable "
             f"{config.feedback.secret_env} (the feedback links' signing secret) is not set"
         )
+    for index, source in enumerate(config.sources if webhook_secrets else []):
+        if source.webhook is not None and (why := _webhook_secret_problem(source)):
+            loc = ("sources", index, "webhook", "secret_env")
+            problems.append(f"{file}:{_line(root, loc)}: {_dotted(loc)}: {why}")
     # A local judge that cannot run (extra or model file missing) is not a problem of the
     # file: only its watches fail, each when it is evaluated (`validate` names them).
     for index, watch in enumerate(config.watches):
@@ -242,6 +253,20 @@ def load_config(path: str | Path | None = None) -> ChangewatchConfig:
     if problems:
         raise ConfigError("\n".join(problems))
     return _anchor_paths(config, file.resolve().parent)
+
+
+def _webhook_secret_problem(source: SourceConfig) -> str | None:
+    """Why `changewatch webhooks` would refuse to start on ``source``'s secret, if it would."""
+    from changewatch.pipeline.webhook_signatures import signing_key
+
+    name = source.webhook.secret_env
+    if not os.environ.get(name, "").strip():
+        return f"environment variable {name} is not set (`changewatch webhooks` needs it)"
+    try:
+        signing_key(webhook_provider(source.type, source.webhook), os.environ[name])
+    except ValueError as error:
+        return f"environment variable {name}: {error}"
+    return None
 
 
 def _anchor_paths(config: ChangewatchConfig, base: Path) -> ChangewatchConfig:
@@ -307,11 +332,12 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
     for i, digest in enumerate(config.digests):
         for j, name in enumerate(digest.watches):
             if name not in watches:
-                problems.append((("digests", i, "watches", j), f"unknown watch {name!r}"))
+                problems.append((("digests", i, "watches", j), _unknown("watch", name, watches)))
         if digest.channel is not None:
             channel = channels.get(digest.channel)
             if channel is None:
-                problems.append((("digests", i, "channel"), f"unknown channel {digest.channel!r}"))
+                unknown = _unknown("channel", digest.channel, channels)
+                problems.append((("digests", i, "channel"), unknown))
             elif not isinstance(channel, EmailChannelConfig):
                 problems.append(
                     (
@@ -320,6 +346,16 @@ def _cross_checks(config: ChangewatchConfig) -> list[tuple[tuple, str]]:
                     )
                 )
     return problems
+
+
+def _unknown(kind: str, name: str, known: Iterable[str]) -> str:
+    """``unknown source 'x'``, the nearest known name, and the known ones.
+
+    >>> _unknown("source", "demo_isues", ["demo_issues", "releases"])
+    "unknown source 'demo_isues'; did you mean 'demo_issues'? (known: demo_issues, releases)"
+    """
+    names = sorted(known)
+    return f"unknown {kind} {name!r}{did_you_mean(name, names)} (known: {named(names)})"
 
 
 def _watch_problems(
@@ -333,10 +369,11 @@ def _watch_problems(
     for i, watch in enumerate(config.watches):
         for j, name in enumerate(watch.sources):
             if name not in sources:
-                problems.append((("watches", i, "sources", j), f"unknown source {name!r}"))
+                problems.append((("watches", i, "sources", j), _unknown("source", name, sources)))
         for j, name in enumerate(watch.channels):
             if name not in channels:
-                problems.append((("watches", i, "channels", j), f"unknown channel {name!r}"))
+                where = ("watches", i, "channels", j)
+                problems.append((where, _unknown("channel", name, channels)))
         if all(name in sources for name in watch.sources):
             problems += _template_problems(config, i, watch)
             try:
@@ -424,9 +461,62 @@ def _describe(error: ValidationError, root: yaml.Node, file: Path) -> str:
         loc = _without_union_tag(root, tuple(item["loc"]))
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
-            message = f"unknown key {loc[-1]!r}"
+            keys = _keys_at(ChangewatchConfig, tuple(item["loc"])[:-1])
+            message = f"unknown key {loc[-1]!r}{did_you_mean(str(loc[-1]), keys)}"
         lines.append(f"{file}:{_line(root, loc)}: {_dotted(_data_loc(root, loc))}: {message}")
     return "\n".join(lines)
+
+
+def _keys_at(model: Any, loc: tuple) -> list[str]:
+    """The keys the settings at ``loc`` (a pydantic location) take, read from the models'
+    fields, so a field added to any of them is suggested with no list to keep.
+
+    >>> "paginator" in _keys_at(ChangewatchConfig, ("sources", 0, "rest"))
+    True
+    >>> _keys_at(ChangewatchConfig, ("polling",))
+    ['tick']
+    """
+    kinds = [model]
+    for part in loc:
+        kinds = [found for kind in kinds for found in _step(kind, part)]
+    return sorted(
+        {
+            field.alias or name
+            for kind in kinds
+            if isinstance(kind, type) and issubclass(kind, BaseModel)
+            for name, field in kind.model_fields.items()
+        }
+    )
+
+
+def _step(kind: Any, part: str | int) -> list[Any]:
+    """The types one step of a pydantic location leads to from ``kind``."""
+    found = []
+    for member in _members(kind):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            fields = {field.alias or name: field for name, field in member.model_fields.items()}
+            if part in fields:
+                found += _members(fields[part].annotation)
+            elif part == member.__name__ or any(
+                part in get_args(field.annotation)
+                for field in fields.values()
+                if get_origin(field.annotation) is Literal
+            ):  # the tag of a union's member: the member itself
+                found.append(member)
+        elif get_origin(member) in (list, tuple, set, frozenset) and isinstance(part, int):
+            found += [m for arg in get_args(member) for m in _members(arg)]
+        elif get_origin(member) is dict and isinstance(part, str):
+            found += _members(get_args(member)[1])
+    return found
+
+
+def _members(kind: Any) -> list[Any]:
+    """``kind`` without Annotated and None, a union as its members."""
+    if get_origin(kind) is Annotated:
+        return _members(get_args(kind)[0])
+    if get_origin(kind) in (Union, UnionType):
+        return [m for arg in get_args(kind) if arg is not type(None) for m in _members(arg)]
+    return [kind]
 
 
 def _without_union_tag(root: yaml.Node, loc: tuple) -> tuple:

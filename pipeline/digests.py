@@ -12,6 +12,7 @@ from changewatch.channels.config import DigestConfig
 from changewatch.channels.outbox import DigestWindowOpen, send_digest_window
 from changewatch.evaluators.debounce import settle_debounced
 from changewatch.pipeline.config import ChangewatchConfig
+from changewatch.pipeline.errors import UsageError
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.runner import instance, run_job
 from changewatch.pipeline.wiring import digest_job_name
@@ -39,9 +40,16 @@ def send_day(
     The whole day is the day's partition of the digest asset, materialized in Dagster and
     sent once; a day that has not ended raises DigestWindowOpen, because what comes later
     that day would reach no digest. `partial` sends the day so far straight from the
-    warehouse and records nothing, neither the window nor a partition: the day stays open.
+    warehouse and records nothing, neither the window nor a partition: the day stays open;
+    a day that has ended is not partial (UsageError).
     """
     start, end = day_window(digest, day)
+    if partial and end <= datetime.now(UTC):
+        # "So far" of a day that has ended would be all of it, sent as a draft: refused.
+        raise UsageError(
+            f"digest {digest.name!r}: {day} ended at {end:%Y-%m-%d %H:%M} ({digest.timezone}), "
+            "so --partial (the day so far) does not apply; without --partial it is sent whole"
+        )
     if partial:
         channel = config.channel(digest.channel) if digest.channel else None
         with connect(os.environ.get(WAREHOUSE_URL_ENV)) as wh:

@@ -102,6 +102,8 @@ def observe(state: PollState, seen: Observation, now: float, bounds: Bounds) -> 
     (150.0, 1)
     >>> observe(s, Observation("unchanged"), 300, b).interval
     157.5
+    >>> observe(PollState(60, 0), Observation("changed"), 0, b).reason  # at min_interval
+    'changed: stays 1m (min_interval)'
     >>> f = observe(s, Observation("failed", retry_after=7200), 300, b)
     >>> f.interval, f.next_due - 300, f.failures, f.reason
     (150.0, 7200, 1, 'failed 1 in a row: waiting 2h (the server asked Retry-After 2h)')
@@ -117,12 +119,28 @@ def observe(state: PollState, seen: Observation, now: float, bounds: Bounds) -> 
         return replace(state, interval=interval, next_due=now + wait, failures=failures, reason=why)
     if seen.kind == "changed":
         tighter = bounds.clamp(interval / TIGHTEN)
-        why = f"changed: interval {spoken(interval)} -> {spoken(tighter)}"
-        return PollState(interval=tighter, next_due=now + tighter, reason=why)
+        return PollState(
+            interval=tighter, next_due=now + tighter, reason=_tightened(interval, tighter, bounds)
+        )
     quiet = state.quiet + 1
     wider = bounds.clamp(interval * GROW) if quiet >= GROW_AFTER else interval
     why = f"unchanged {quiet} in a row: interval {spoken(wider)}"
     return PollState(interval=wider, next_due=now + wider, quiet=quiet, reason=why)
+
+
+def _tightened(interval: float, tighter: float, bounds: Bounds) -> str:
+    """Why a change set the interval it did; at the floor, that it stayed there.
+
+    >>> b = Bounds(30, 3600, 600)
+    >>> _tightened(600, 150, b)
+    'changed: interval 10m -> 2m30s'
+    >>> _tightened(60, 30, b)
+    'changed: interval 1m -> 30s (min_interval)'
+    """
+    floor = " (min_interval)" if tighter <= bounds.min_interval else ""
+    if tighter == interval:
+        return f"changed: stays {spoken(interval)}{floor}"
+    return f"changed: interval {spoken(interval)} -> {spoken(tighter)}{floor}"
 
 
 def spoken(seconds: float) -> str:

@@ -12,9 +12,11 @@ are worded by ``explain``. This module imports nothing heavy: ``changewatch --he
 
 from __future__ import annotations
 
+import difflib
 import errno
 import re
 import sys
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -22,7 +24,9 @@ __all__ = [
     "ConfigError",
     "RunFailed",
     "UsageError",
+    "did_you_mean",
     "explain",
+    "named",
     "redact",
 ]
 
@@ -78,6 +82,29 @@ def redact(text: str) -> str:
     """
     text = _CREDENTIALS.sub(r"\g<scheme>\g<user>@", text)
     return _SECRET_PARAM.sub(r"\g<key>***", text)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``; did you mean 'x'?`` for the known name nearest ``name``, or nothing.
+
+    >>> did_you_mean("paginatr", ["paginator", "params", "path"])
+    "; did you mean 'paginator'?"
+    >>> did_you_mean("zzz", ["paginator"])
+    ''
+    """
+    nearest = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {nearest[0]!r}?" if nearest else ""
+
+
+def named(known: Sequence[str], *, most: int = 10) -> str:
+    """The known names as a list to read, the first ``most`` of a long one.
+
+    >>> named(["a", "b"]), named([]), named([f"s{i}" for i in range(12)], most=2)
+    ('a, b', 'none', 's0, s1 and 10 more')
+    """
+    if len(known) > most:
+        return f"{', '.join(known[:most])} and {len(known) - most} more"
+    return ", ".join(known) or "none"
 
 
 def explain(error: BaseException) -> tuple[str, int] | None:

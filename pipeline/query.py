@@ -22,6 +22,23 @@ DEFAULT_TIMEOUT = 60.0
 # PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout.
 _QUERY_CANCELED = "57014"
 _TIMED_OUT = "canceling statement due to statement timeout"
+# What a terminal shows of a result: names and values (no shape, no types), cut to fit.
+_SCREEN = {
+    "tbl_rows": 50,
+    "tbl_cols": 20,
+    "fmt_str_lengths": 40,
+    "tbl_width_chars": 160,
+    "tbl_hide_dataframe_shape": True,
+    "tbl_hide_column_data_types": True,
+}
+# Piped or redirected: every row, column and character.
+_WHOLE = {
+    "tbl_rows": -1,
+    "tbl_cols": -1,
+    "fmt_str_lengths": 1_000_000,
+    "fmt_table_cell_list_len": -1,
+    "tbl_width_chars": 65_535,  # polars' widest
+}
 
 
 class QueryTimeout(ChangewatchError):
@@ -164,17 +181,33 @@ def _print(frame: pl.DataFrame, fmt: str, out: TextIO) -> None:
         out.write(_flat(frame).write_csv())
         return
     if out.isatty():
-        limits = {"tbl_rows": 50, "tbl_cols": 20, "fmt_str_lengths": 40, "tbl_width_chars": 160}
-    else:  # piped or redirected: every row, column and character
-        limits = {
-            "tbl_rows": -1,
-            "tbl_cols": -1,
-            "fmt_str_lengths": 1_000_000,
-            "fmt_table_cell_list_len": -1,
-            "tbl_width_chars": 65_535,  # polars' widest
-        }
-    with pl.Config(**limits):
+        out.write(_screen(frame))
+        return
+    with pl.Config(**_WHOLE):
         out.write(f"{frame}\n")
+
+
+def _screen(frame: pl.DataFrame) -> str:
+    """``frame`` as a terminal shows it: column names and values, no shape or types; a result
+    cut to fit says how much there was.
+
+    >>> import polars as pl
+    >>> print(_screen(pl.DataFrame({"n": [1, 2]})), end="")
+    ┌───┐
+    │ n │
+    ╞═══╡
+    │ 1 │
+    │ 2 │
+    └───┘
+    """
+    import polars as pl
+
+    with pl.Config(**_SCREEN):
+        text = f"{frame}\n"
+    rows, columns = frame.shape
+    if rows > _SCREEN["tbl_rows"] or columns > _SCREEN["tbl_cols"]:
+        text += f"(cut to fit: {rows} row(s), {columns} column(s); --format csv prints all)\n"
+    return text
 
 
 def _flat(frame: pl.DataFrame) -> pl.DataFrame:

@@ -24,8 +24,14 @@ from changewatch.pipeline.assets import SOURCE_TAG
 from changewatch.pipeline.cli import main
 from changewatch.pipeline.config import load_config
 from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, paused_reasons
-from changewatch.pipeline.poll_schedule import POLL_SCHEDULE_JOB, POLL_TAG, rows_of
-from changewatch.pipeline.probing import load_cursor
+from changewatch.pipeline.poll_schedule import (
+    POLL_SCHEDULE_JOB,
+    POLL_TAG,
+    merged_tag,
+    rows_of,
+    schedule_tag,
+)
+from changewatch.pipeline.probing import Schedule, load_cursor
 from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
 from changewatch.pipeline.sensors import SYNC_JOB, TRIGGER_TAG, sync_sensor
 from changewatch.pipeline.wiring import build_definitions, run_selections
@@ -33,6 +39,7 @@ from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.sources.ratelimit import RateLimits
 from changewatch.warehouse import connect
+from changewatch.warehouse.poll_schedule import PollRow
 
 START = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 MIN, MAX = 60.0, 3600.0
@@ -189,6 +196,11 @@ def test_changes_tighten_quiet_probes_widen_and_restarts_keep_the_schedule(
         [row] = rows_of(first.tags[POLL_TAG])
         assert (row.next_due, row.interval_s) == (START + 150, 150.0)
         assert row.reason == "changed: interval 10m -> 2m30s"
+        # The tag reads as words in the UI's list of runs.
+        assert first.tags[POLL_TAG] == (
+            "alpha: next 2027-01-15T08:02:30Z, every 150s: changed: interval 10m -> 2m30s "
+            "(decided 2027-01-15T08:00:00Z)"
+        )
         seen = api.stats()["requests"]
 
         # Not due yet: no probe at all.
@@ -372,7 +384,40 @@ def test_runs_write_the_schedule_and_pauses_on_both_backends(
     late = dg.RunRequest(job_name=POLL_SCHEDULE_JOB, tags={POLL_TAG: first.tags[POLL_TAG]})
     run(defs, late, instance)  # the first decision, replayed late
     assert schedule_rows(warehouse_url)["alpha"] == row
-    assert json.loads(record.tags[POLL_TAG])["at"] > json.loads(first.tags[POLL_TAG])["at"]
+    assert (
+        rows_of(record.tags[POLL_TAG])[0].decided_at > rows_of(first.tags[POLL_TAG])[0].decided_at
+    )
+
+
+def test_the_schedule_tag_reads_as_words_and_back() -> None:
+    schedules = {
+        "alpha": Schedule(START + 150, 150.0, "changed: interval 10m -> 2m30s"),
+        "beta": Schedule(None, 157.5, "3 failed probes in a row; the last:\nHTTP 500", 3, True),
+    }
+    one = schedule_tag(schedules, ["alpha"], START)
+    tag = merged_tag([one, schedule_tag(schedules, ["beta", "gone"], START + 0.25)])
+    assert tag.splitlines() == [
+        "alpha: next 2027-01-15T08:02:30Z, every 150s: changed: interval 10m -> 2m30s "
+        "(decided 2027-01-15T08:00:00Z)",
+        "beta: paused, every 157.5s, 3 failed: 3 failed probes in a row; the last: HTTP 500 "
+        "(decided 2027-01-15T08:00:00.250000Z)",
+    ]
+    assert rows_of(tag) == [
+        PollRow("alpha", START + 150, 150.0, "changed: interval 10m -> 2m30s", 0, False, START),
+        PollRow(
+            "beta",
+            None,
+            157.5,
+            "3 failed probes in a row; the last: HTTP 500",
+            3,
+            True,
+            START + 0.25,
+        ),
+    ]
+    assert [row.source for row in rows_of(tag, ["beta"])] == ["beta"]
+    # A run the sensor requested before the upgrade carries JSON: still read.
+    old = json.dumps({"at": START, "s": {"alpha": [START + 150, 150.0, "changed", 0, False]}})
+    assert rows_of(old) == [PollRow("alpha", START + 150, 150.0, "changed", 0, False, START)]
 
 
 def test_each_target_of_a_fleet_keeps_its_own_envelope(tmp_path, instance, clients):

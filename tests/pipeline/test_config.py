@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from changewatch.pipeline.config import ConfigError, load_config
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -17,7 +18,12 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     ("name", "line", "key", "why"),
     [
-        ("unknown_key.yaml", 10, "sources[0].paginatr", "unknown key 'paginatr'"),
+        (
+            "unknown_key.yaml",
+            10,
+            "sources[0].paginatr",
+            "unknown key 'paginatr'; did you mean 'paginator'?",
+        ),
         ("wrong_type.yaml", 10, "sources[0].interval", "is not a duration"),
         (
             "missing_env.yaml",
@@ -126,3 +132,67 @@ def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WEBHOOK_SECRET")
     with pytest.raises(ConfigError, match=r"secret_env: environment variable WEBHOOK_SECRET"):
         load_config(REPO / "examples" / "github.yaml")
+
+
+def test_validate_names_an_unset_webhook_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from changewatch.pipeline.cli import main
+
+    path = tmp_path / "watches.yaml"
+    text = (CONFIGS / "wrong_type.yaml").read_text().replace("every now and then", "60")
+    hook = "    webhook: {path: /hooks/issues, secret_env: CW_TEST_UNSET_HOOK_SECRET}\n"
+    path.write_text(text + hook)
+    line = len(text.splitlines()) + 1
+    monkeypatch.delenv("CW_TEST_UNSET_HOOK_SECRET", raising=False)
+    # Only the receiver reads it: the code server, the daemon and the runs load the file.
+    assert load_config(path).sources[0].webhook is not None
+    assert main(["--config", str(path), "validate"]) == 2
+    assert capsys.readouterr().err == (
+        f"changewatch: {path}:{line}: sources[0].webhook.secret_env: environment variable "
+        "CW_TEST_UNSET_HOOK_SECRET is not set (`changewatch webhooks` needs it)\n"
+    )
+    # A Standard Webhooks secret the receiver could not decode is named too (never shown).
+    monkeypatch.setenv("CW_TEST_UNSET_HOOK_SECRET", "whsec_not*base64")
+    assert main(["--config", str(path), "validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{line}: sources[0].webhook.secret_env: environment variable" in err
+    assert "is not base64" in err and "not*base64" not in err
+    monkeypatch.setenv("CW_TEST_UNSET_HOOK_SECRET", "whsec_czNjcmV0")
+    assert main(["--config", str(path), "validate"]) == 0
+    assert capsys.readouterr().out.startswith("ok: 1 source(s)")
+
+
+def test_typos_get_the_nearest_name_and_unknown_names_the_known_ones(tmp_path: Path) -> None:
+    from cw_testing import demo_source_settings
+
+    columns = {"number": "bigint", "updated_at": "timestamp"}
+    sources = [
+        demo_source_settings("http://127.0.0.1:9", columns),
+        demo_source_settings("http://127.0.0.1:9", columns, name="releases", table="releases"),
+    ]
+    path = tmp_path / "watches.yaml"
+
+    def problems(data: dict) -> list[str]:
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        message = str(pytest.raises(ConfigError, load_config, path).value)
+        return [line.split(": ", 2)[2] for line in message.splitlines()]
+
+    # Keys nested in unions (a source's type, its auth's type) and in dicts (a column's spec).
+    typos = dict(sources[0], stop={"max_failure": 3}, auth={"type": "bearer", "tokn_env": "T"})
+    typos["columns"] = {"number": {"type": "bigint", "pth": "id"}, "updated_at": "timestamp"}
+    assert sorted(problems({"sources": [typos], "polling": {"tik": "1m"}, "retension": {}})) == [
+        "Field required",  # auth.token_env
+        "unknown key 'max_failure'; did you mean 'max_failures'?",
+        "unknown key 'pth'; did you mean 'path'?",
+        "unknown key 'retension'; did you mean 'retention'?",
+        "unknown key 'tik'; did you mean 'tick'?",
+        "unknown key 'tokn_env'; did you mean 'token_env'?",
+    ]
+    assert problems({"sources": sources, "frobnicate": 1}) == ["unknown key 'frobnicate'"]
+    watch = {"name": "w", "sources": ["demo_isues", "nothing_like_it"], "channels": ["mail"]}
+    assert problems({"sources": sources, "watches": [watch]}) == [
+        "unknown source 'demo_isues'; did you mean 'demo_issues'? (known: demo_issues, releases)",
+        "unknown source 'nothing_like_it' (known: demo_issues, releases)",
+        "unknown channel 'mail' (known: none)",
+    ]

@@ -89,10 +89,15 @@ digests:
 """,
     )
     lines = problem(path).splitlines()
-    assert f"{path}:20: watches[0].sources[1]: unknown source 'nowhere'" in lines
-    assert f"{path}:21: watches[0].channels[1]: unknown channel 'pager'" in lines
+    assert (
+        f"{path}:20: watches[0].sources[1]: unknown source 'nowhere' (known: demo_issues)" in lines
+    )
+    assert (
+        f"{path}:21: watches[0].channels[1]: unknown channel 'pager' (known: console, hook)"
+        in lines
+    )
     assert f"{path}:24: digests[0].channel: channel 'hook' is not an email channel" in lines
-    assert f"{path}:25: digests[0].watches[1]: unknown watch 'ghost'" in lines
+    assert f"{path}:25: digests[0].watches[1]: unknown watch 'ghost' (known: w)" in lines
 
 
 def test_judge_key_variable_must_be_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

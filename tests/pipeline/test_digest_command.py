@@ -122,6 +122,10 @@ def test_today_is_refused_whole_and_sent_so_far_with_partial(
     text = message.get_body(preferencelist=("plain",)).get_content()
     assert "Bugs opened (" in text and "First issues (3 changes)" in text
     assert f"Reported as: {bugs[0]['title']}" in text
+    # Without --day, --partial means today (not yesterday, which has ended).
+    so_far = run_cli("digest", "daily", "--partial", cwd=tmp_path, **env)
+    assert so_far.returncode == 0, so_far.stderr
+    assert so_far.stdout.startswith(f"{prefix}{notified} item(s) -> "), so_far.stdout
     with connect(warehouse_url) as wh:
         # Nothing recorded: the day's whole digest is still to come.
         assert wh.fetch("SELECT count(*) FROM digests") == [(0,)]
@@ -139,3 +143,26 @@ def test_today_is_refused_whole_and_sent_so_far_with_partial(
     assert day in {datetime.now(UTC).date() - timedelta(days=n) for n in (1, 2)}  # past midnight
     early = run_cli("digest", "daily", "--day", "2020-01-01", cwd=tmp_path, **env)
     assert early.returncode == 1 and "set `start:`" in early.stderr
+
+
+def test_partial_of_a_day_that_has_ended_is_refused_in_one_line(tmp_path: Path) -> None:
+    source = demo_source_settings(
+        "http://127.0.0.1:1", {"number": "bigint", "updated_at": "timestamp"}
+    )
+    data = {
+        "sources": [source],
+        "watches": [{"name": "w", "source": "demo_issues"}],
+        "digests": [{"name": "daily", "watches": ["w"], "output_dir": "out"}],
+    }
+    (tmp_path / "watches.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    env = {"CHANGEWATCH_WAREHOUSE_URL": f"duckdb:///{tmp_path / 'w.duckdb'}"}
+    yesterday = (datetime.now(UTC).date() - timedelta(days=1)).isoformat()
+    refused = run_cli("digest", "daily", "--partial", "--day", yesterday, cwd=tmp_path, **env)
+    assert refused.returncode == 2
+    assert refused.stdout == ""
+    assert refused.stderr == (
+        f"changewatch: digest 'daily': {yesterday} ended at {datetime.now(UTC).date()} 00:00 "
+        "(UTC), so --partial (the day so far) does not apply; without --partial it is sent "
+        "whole\n"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "w.duckdb").exists()

@@ -310,6 +310,20 @@ def documented_commands() -> list[list[str]]:
     ]
 
 
+def documented_environment() -> dict[str, str]:
+    """The variables the README's "Deploy on several processes" block exports."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Deploy on several processes", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    words = [
+        w
+        for line in block.splitlines()
+        if line.startswith("export ")
+        for w in shlex.split(line, comments=True)[1:]
+    ]
+    return dict(word.split("=", 1) for word in words)
+
+
 def compose() -> dict:
     return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text(encoding="utf-8"))
 
@@ -375,6 +389,10 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
         assert watches.endswith(f":{env['CHANGEWATCH_CONFIG']}:ro"), name
         assert outputs == "outputs:/opt/changewatch/.changewatch", name
     assert "outputs" in compose()["volumes"]
+    # The README's block says where the watches file goes, where compose mounts it.
+    exported = documented_environment()
+    assert exported["CHANGEWATCH_CONFIG"] == services["code"]["environment"]["CHANGEWATCH_CONFIG"]
+    assert exported["CHANGEWATCH_CODE_PORT"] == code_port
     # The webhook receiver writes the inbox the code server's sensor and runs read: a file in
     # the volume both mount.
     inbox = services["webhooks"]["environment"]["CHANGEWATCH_WEBHOOK_INBOX"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
 import signal
 import subprocess
 import sys
@@ -256,3 +257,52 @@ def test_json_csv_and_table_print_void_and_binary_columns(empty_warehouse: str) 
     assert json.loads(query(text)) == [{"v": None, "b": "6162", "l": ["6162"]}]
     assert query(text, fmt="csv") == 'v,b,l\n,6162,"[""6162""]"\n'
     assert "6162" in query(text, fmt="table")
+
+
+def on_a_terminal(*args: str, url: str, cwd: Path) -> str:
+    """What the CLI prints with its standard output on a pseudo-terminal."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER"))}
+    screen, terminal = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "changewatch.pipeline.cli", *args],
+            cwd=cwd,
+            env=environ | {"CHANGEWATCH_WAREHOUSE_URL": url},
+            stdout=terminal,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,  # a bound for a hung test, far above the seconds these take
+        )
+        os.close(terminal)
+        terminal = -1
+        assert done.returncode == 0, done.stderr
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(screen, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and all was read
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(screen)
+        if terminal != -1:
+            os.close(terminal)
+    return shown.decode().replace("\r\n", "\n")
+
+
+def test_a_terminal_shows_column_names_and_values_only(warehouse: str, tmp_path: Path) -> None:
+    text = "SELECT number, state, comments FROM issues ORDER BY number LIMIT 4"
+    shown = on_a_terminal("sql", text, url=warehouse, cwd=tmp_path)
+    lines = shown.splitlines()
+    assert "shape:" not in shown and "i64" not in shown and "str" not in shown, shown
+    assert len(lines) == 4 + 4  # the frame, the names, the rule, four rows, the frame
+    assert [name.strip(" │") for name in lines[1].split("┆")] == ["number", "state", "comments"]
+    expected = json.loads(query(text))
+    for line, row in zip(lines[3:7], expected, strict=True):
+        assert [cell.strip(" │") for cell in line.split("┆")] == [str(v) for v in row.values()]
+    # A result cut to fit the terminal says how much there was.
+    text = "SELECT a.number FROM issues a CROSS JOIN issues b"
+    cut = on_a_terminal("sql", text, url=warehouse, cwd=tmp_path)
+    assert cut.endswith("\n(cut to fit: 1600 row(s), 1 column(s); --format csv prints all)\n")
