@@ -253,7 +253,7 @@ def daemon_workspace() -> Iterator[tuple[dg.DagsterInstance, object]]:
     loads the code location from pipeline/definitions/code_location.py as `dagster dev` would."""
     project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
     target = PythonFileTarget(
-        python_file=str(REPO / "pipeline" / "definitions.py"),
+        python_file=str(REPO / "pipeline" / "definitions" / "code_location.py"),
         attribute=None,
         working_directory=str(REPO),
         location_name="changewatch",
