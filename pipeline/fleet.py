@@ -23,6 +23,7 @@ from changewatch.pipeline.assets import FULL_TAG, SILENT_TAG, SOURCE_TAG, STORM_
 from changewatch.pipeline.config import DEFAULT_TICK
 from changewatch.pipeline.freshness import source_freshness
 from changewatch.pipeline.probing import decide, due_probes, probe_states
+from changewatch.pipeline.rejected_check import fleet_rejected_check_result, rejected_check_specs
 from changewatch.pipeline.resources import WarehouseResource, warehouse_pool
 from changewatch.pipeline.sensors import TRIGGER_TAG, sync_job_name
 from changewatch.pipeline.timing import due_slot, jitter_offset
@@ -140,6 +141,7 @@ def _sync_asset(
                 asset=source.table,
                 description="Fails while a target of the last run failed to sync.",
             ),
+            *rejected_check_specs(source),
         ],
         metadata={"source": source.name, "primary_key": ", ".join(source.primary_key)},
     )
@@ -167,6 +169,11 @@ def _sync_asset(
                     failed[target] = f"{type(error).__name__}: {error}"
                     context.log.error(f"{source.name}[{target}]: {failed[target]}")
             held = held_changes(wh, source) if synced else 0
+            rejected = (
+                [fleet_rejected_check_result(wh, [s.source for s in synced.values()])]
+                if synced and rejected_check_specs(source)
+                else []
+            )
         for stats in synced.values():
             context.log.info(
                 f"{stats.source}: {stats.inserted} inserted, {stats.updated} updated, "
@@ -198,6 +205,7 @@ def _sync_asset(
                         else f"{len(synced)} target(s) synced"
                     ),
                 ),
+                *rejected,
             ],
         )
 

@@ -12,6 +12,7 @@ from changewatch.warehouse.rejections import count_rejected
 
 __all__ = [
     "REJECTED_CHECK",
+    "fleet_rejected_check_result",
     "rejected_check_result",
     "rejected_check_specs",
     "rejected_check_unknown",
@@ -39,7 +40,17 @@ def rejected_check_specs(source: SourceConfig) -> list[dg.AssetCheckSpec]:
 
 def rejected_check_result(wh: Warehouse, source: SourceConfig) -> dg.AssetCheckResult:
     """The check as the source's last committed sync left it."""
-    count, first = count_rejected(wh, source.name)
+    return _result(*count_rejected(wh, source.name))
+
+
+def fleet_rejected_check_result(wh: Warehouse, members: list[str]) -> dg.AssetCheckResult:
+    """The check of a fleet's run, over the targets it synced (``members``: their names)."""
+    counts = [count_rejected(wh, member) for member in members]
+    firsts = [f"{m}: {first}" for m, (count, first) in zip(members, counts, strict=True) if count]
+    return _result(sum(count for count, _ in counts), firsts[0] if firsts else None)
+
+
+def _result(count: int, first: str | None) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         check_name=REJECTED_CHECK,
         passed=count == 0,
