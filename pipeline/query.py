@@ -31,8 +31,9 @@ DEFAULT_TIMEOUT = 60.0
 # PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout.
 _QUERY_CANCELED = "57014"
 _TIMED_OUT = "canceling statement due to statement timeout"
-# Bytes of memory (address space) a DuckDB query may add to this process, its result
-# included: past it the query fails in one line instead of the machine running out.
+# Bytes of memory (address space) a query may add to this process (a DuckDB query runs in
+# it; either backend's result is read into it): past it the query fails in one line instead
+# of the machine running out.
 SQL_MEMORY = 2 << 30
 # How an allocation refused by that cap reads in DuckDB's and Arrow's errors (DuckDB's own
 # memory_limit, of its buffers, says "could not allocate block" and names itself).
@@ -143,7 +144,19 @@ def _fetch(wh: Warehouse, statement: str, timeout: float) -> pa.Table:
         f"the query ran past its {timeout:g} s limit (--timeout SECONDS to change it)"
     )
     fetch = _fetch_postgres if wh.dialect == "postgres" else _fetch_duckdb
-    return fetch(wh, statement, timeout, limit)
+    try:
+        # DuckDB runs the query in this process; either backend's result is read into it.
+        with memory_cap(SQL_MEMORY):
+            return fetch(wh, statement, timeout, limit)
+    except QueryTimeout:
+        raise
+    except Exception as error:
+        if isinstance(error, MemoryError) or any(w in str(error) for w in _PAST_THE_CAP):
+            raise QueryTooLarge(
+                f"the query needed more than {SQL_MEMORY >> 20} MiB of memory (changewatch "
+                "sql's limit): select fewer rows or smaller values"
+            ) from None
+        raise
 
 
 def _fetch_postgres(wh: Warehouse, statement: str, timeout: float, limit: Exception) -> pa.Table:
@@ -180,16 +193,10 @@ def _fetch_duckdb(wh: Warehouse, statement: str, timeout: float, limit: Exceptio
     watchdog = threading.Thread(target=watch, name="changewatch-sql-timeout", daemon=True)
     watchdog.start()
     try:
-        with memory_cap(SQL_MEMORY):
-            return wh.fetch_batches(statement).read_all()
-    except Exception as error:
+        return wh.fetch_batches(statement).read_all()
+    except Exception:
         if fired.is_set():
             raise limit from None
-        if isinstance(error, MemoryError) or any(w in str(error) for w in _PAST_THE_CAP):
-            raise QueryTooLarge(
-                f"the query needed more than {SQL_MEMORY >> 20} MiB of memory (changewatch "
-                "sql's limit): select fewer rows or smaller values"
-            ) from None
         raise
     finally:
         done.set()

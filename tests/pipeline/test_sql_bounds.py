@@ -72,12 +72,12 @@ def test_a_count_computed_at_run_time_is_checked_where_it_runs(
 
 
 def test_a_query_past_the_memory_limit_fails_in_one_line(
-    duckdb_warehouse: str, monkeypatch: pytest.MonkeyPatch
+    empty_warehouse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(query_module, "SQL_MEMORY", 256 << 20)
     before = resource.getrlimit(resource.RLIMIT_AS)
     # Each value within the bound of one call; a thousand of them is 1 GB.
-    text = "SELECT repeat('x', 1000000) AS s FROM range(1000)"
+    text = "SELECT repeat('x', 1000000) AS s FROM generate_series(1, 1000) AS g(n)"
     with pytest.raises(QueryTooLarge, match=r"^the query needed more than 256 MiB of memory"):
         query(text, fmt="csv")
     assert resource.getrlimit(resource.RLIMIT_AS) == before
