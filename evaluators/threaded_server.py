@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import io
 import logging
+import queue
 import selectors
 import socket
 import sys
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from types import TracebackType
 from typing import Any, Self
@@ -160,6 +160,48 @@ class _Prefixed(io.RawIOBase):
         return self._sock.recv_into(buffer)
 
 
+class _Workers:
+    """Up to ``count`` daemon threads, started as work comes, that run what ``submit`` gives.
+
+    Daemon threads, as ThreadingHTTPServer's were: a worker waiting on a stalled client's body
+    must not hold up the process's exit (a ThreadPoolExecutor's threads are joined at exit).
+    """
+
+    def __init__(self, count: int, name: str) -> None:
+        self._count, self._name = count, name
+        self._queue: queue.SimpleQueue[tuple[Any, tuple] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._started = 0
+        self._idle = 0
+
+    def submit(self, function: Any, *args: Any) -> None:
+        with self._lock:
+            self._queue.put((function, args))
+            # Another thread only when the waiting work outnumbers the idle ones.
+            if self._queue.qsize() > self._idle and self._started < self._count:
+                self._started += 1
+                name = f"{self._name}-{self._started}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            for _ in range(self._started):
+                self._queue.put(None)
+            self._started = 0
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            job = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+            if job is None:
+                return
+            function, args = job
+            function(*args)
+
+
 class _HTTPServer(HTTPServer):
     allow_reuse_address = False  # a second server on a taken port must fail, not share it
     # The listen backlog: socketserver's 5 drops the connections of a burst (their clients
@@ -181,7 +223,7 @@ class _HTTPServer(HTTPServer):
         self._log = log
         self._header_timeout = header_timeout
         self._max_connections = max_connections
-        self._workers = ThreadPoolExecutor(workers, thread_name_prefix=f"{app._name}-worker")
+        self._workers = _Workers(workers, f"{app._name}-worker")
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stopped.set()
@@ -212,7 +254,7 @@ class _HTTPServer(HTTPServer):
     def shutdown(self) -> None:
         self._stopping.set()
         self._stopped.wait()
-        self._workers.shutdown(wait=True, cancel_futures=True)
+        self._workers.stop()
 
     def _accept(self, selector: selectors.BaseSelector, waiting: OrderedDict) -> None:
         while True:
@@ -290,4 +332,4 @@ class _HTTPServer(HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._workers.stop()

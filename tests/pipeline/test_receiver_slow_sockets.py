@@ -113,3 +113,17 @@ def test_past_max_connections_the_longest_waiting_is_closed(tmp_path: Path) -> N
         finally:
             for sock in first + later:
                 sock.close()
+
+
+def test_a_stalled_body_does_not_hold_up_stopping(tmp_path: Path) -> None:
+    inbox = Inbox(tmp_path / "inbox.sqlite")
+    receiver = WebhookReceiver(SOURCES, inbox=inbox, port=0, environ=ENV).start()
+    host, port = receiver.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        # Whole headers, then no body: a worker waits for it (30 s between reads).
+        sock.sendall(b"POST /hooks/gh HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        time.sleep(0.3)
+        assert server_threads() >= 2  # the loop and the waiting worker
+        started = time.monotonic()
+        receiver.stop()
+        assert time.monotonic() - started < 2
