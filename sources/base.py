@@ -210,6 +210,10 @@ class SourceBase(BaseModel):
             "the next sync; once it is stored, its rejected row is gone."
         ),
     )
+    # A redirect into a loopback, link-local or private network is refused unless base_url is
+    # in that kind of network itself (a cloud's metadata service is one redirect away from
+    # any API); true follows it anyway, for an API that hands off to an internal host.
+    allow_private_redirects: bool = False
 
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.

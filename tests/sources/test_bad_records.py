@@ -166,7 +166,7 @@ def test_rejected_records_are_visible_to_changewatch_sql(tmp_path: Path, api: Ap
     with connect(url) as wh:
         run_sync(wh, source(api, on_bad_record="skip"))
     done = subprocess.run(
-        [sys.executable, "-m", "changewatch.pipeline.cli.command_line", "sql",
+        [sys.executable, "-m", "changewatch.pipeline.cli", "sql",
          "SELECT record_key, field FROM rejected_records ORDER BY 1"],
         env={"PATH": "/usr/bin:/bin", "CHANGEWATCH_WAREHOUSE_URL": url},
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
