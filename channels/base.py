@@ -166,14 +166,23 @@ class DeliveryError(Exception):
 
     `retryable` tells the caller whether trying the same notification again later may work
     (connection refused, 5xx, rate limit) or never will (bad address, 4xx, bad credentials).
-    `retry_after` is the receiver's own hint in seconds, when it gave one.
-    Messages never contain secrets.
+    `retry_after` is the receiver's own hint in seconds, when it gave one. `disables` says
+    the receiver is gone for good (HTTP 410): its channel is disabled until a person resumes
+    it. Messages never contain secrets.
     """
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        disables: bool = False,
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.disables = disables
 
     def __repr__(self) -> str:
         return f"DeliveryError({str(self)!r}, retryable={self.retryable})"

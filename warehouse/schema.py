@@ -114,7 +114,7 @@ _DECISIONS_NEWEST = "suppressed"
 def ensure_delivery_tables(wh: Warehouse) -> None:
     """Create the outbox, delivery and digest tables (idempotent)."""
     _ddl_lock(wh)
-    for name in ("create_outbox", "create_deliveries", "create_digests"):
+    for name in ("create_outbox", "create_deliveries", "create_digests", "create_channel_circuits"):
         wh.execute(render(name, wh.dialect))
     _add_missing_columns(wh, "outbox", _OUTBOX_DEBOUNCE)
 
