@@ -473,6 +473,9 @@ def _notification(row: dict[str, Any], links: FeedbackLinks | None = None) -> No
         created_at=row["created_at"],
         payload=json.loads(row["payload"]),
         feedback=feedback,
+        sequence=row["change_id"],
+        # Notifications queued before ordering have no change time: their creation stands in.
+        changed_at=row.get("changed_at") or row["created_at"],
     )
 
 

@@ -106,7 +106,13 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
 
 
 # Outbox columns added with debounce, for warehouses created before it.
-_OUTBOX_DEBOUNCE = {"due_at": "TIMESTAMPTZ", "settled_at": "TIMESTAMPTZ", "suppressed": "TEXT"}
+_OUTBOX_DEBOUNCE = {
+    "due_at": "TIMESTAMPTZ",
+    "settled_at": "TIMESTAMPTZ",
+    "suppressed": "TEXT",
+    # Added with ordering: the change's time, carried in every payload.
+    "changed_at": "TIMESTAMPTZ",
+}
 # The column the current decisions view added last: a view without it is an older one.
 _DECISIONS_NEWEST = "suppressed"
 
