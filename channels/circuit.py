@@ -26,7 +26,7 @@ from changewatch.channels.retry import wait
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.statements import render
 
-__all__ = ["Circuit", "load_circuits", "resume_channel", "save_circuit"]
+__all__ = ["Circuit", "count_waiting", "load_circuits", "resume_channel", "save_circuit"]
 
 
 @dataclass(frozen=True)
@@ -134,3 +134,9 @@ def resume_channel(wh: Warehouse, channel: str, now: datetime) -> Circuit | None
             return None
         save_circuit(wh, Circuit(channel, changed_at=now), reopened=True)
     return was
+
+
+def count_waiting(wh: Warehouse, channel: str) -> int:
+    """Deliveries still to make on ``channel``."""
+    [(count,)] = wh.fetch(render("count_deliveries_pending", wh.dialect), (channel,))
+    return int(count)

@@ -267,6 +267,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "resume":
         from changewatch.pipeline import resume_command
 
+        if args.channel is not None:
+            if args.name is not None:
+                raise UsageError("resume takes a NAME or --channel C, not both")
+            return resume_command.run_channel(config, args.channel)
+        if args.name is None:
+            raise UsageError("resume needs a source's or watch's NAME, or --channel C")
         return resume_command.run(config, args.name)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
