@@ -56,6 +56,7 @@ __all__ = [
     "DigestResult",
     "DigestWindowOpen",
     "deliver_due",
+    "read_notifications",
     "send_digest_window",
 ]
 
@@ -233,7 +234,7 @@ def _deliver_rows(
     )
     size = policy.batch_size if one_by_one is None else policy.message_batch_size
     for offset in range(0, rows.height, size):
-        notifications = _read(lane.wh, rows.slice(offset, size), links)
+        notifications = read_notifications(lane.wh, rows.slice(offset, size), links)
         if one_by_one is None:
             _deliver_batch(lane, notifications, policy, now, stats)
         else:
@@ -246,7 +247,9 @@ def _deliver_rows(
             return
 
 
-def _read(wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None) -> list[Notification]:
+def read_notifications(
+    wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None
+) -> list[Notification]:
     """The notifications of ``batch``, in its order."""
     # Read before any claim: a notification that cannot be read stops the pass with nothing
     # of this batch claimed, rather than leaving it to be parked as interrupted.

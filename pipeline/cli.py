@@ -123,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     from changewatch.pipeline import resume_command
 
     resume_command.add_parser(commands)
+    from changewatch.pipeline import redeliver_command
+
+    redeliver_command.add_parser(commands)
 
     feedback = commands.add_parser(
         "feedback", help="rate a notification useful or noise (exported as eval examples)"
@@ -274,6 +277,10 @@ def _run(args: argparse.Namespace) -> int:
         if args.name is None:
             raise UsageError("resume needs a source's or watch's NAME, or --channel C")
         return resume_command.run(config, args.name)
+    if args.command == "redeliver":
+        from changewatch.pipeline import redeliver_command
+
+        return redeliver_command.run(config, args)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
     if args.command == "feedback-server":
