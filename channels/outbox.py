@@ -193,7 +193,15 @@ def deliver_due(
         )
         if admits == "probe":
             probe = wh.fetch_frame(render("select_deliveries_probe", wh.dialect), (channel_name,))
+            with wh.transaction():
+                for notification_id, _ in probe.iter_rows():
+                    wh.execute(
+                        render("update_deliveries_probe", wh.dialect),
+                        (notification_id, channel_name, started),
+                    )
+            lane.probing = True
             _deliver_rows(lane, probe, links, policy, now, stats)
+            lane.probing = False
             if lane.circuit.state != "open":
                 continue
             stats.log.append(f"channel {channel_name}: the probe got through; open again")
@@ -214,6 +222,8 @@ class _Lane:
     channel: Channel | Exception | None
     retry: RetryConfig
     circuit: Circuit
+    # Sending a paused channel's probe: its failure is the channel's, not the notification's.
+    probing: bool = False
 
 
 def _deliver_rows(
@@ -388,9 +398,9 @@ def _settle(
     """The deliveries row (as _FINISH_SCHEMA) for one send's outcome; counted and logged.
 
     Delivered: sent. A temporary failure: pending until the schedule's next attempt, dead
-    once they are spent. A permanent one: dead at once (``redeliver`` can send it again),
+    once it is spent. A permanent one: dead at once (``redeliver`` can send it again),
     unless it disables the channel (410 Gone): that is the channel's fault, not the
-    notification's, so it waits for the channel with the rest.
+    notification's, so it waits for the channel with the rest; so does a failed probe.
     """
     channel_name = lane.name
     error, retry_after, status = None, None, "sent"
@@ -404,9 +414,17 @@ def _settle(
             error, retryable = f"{type(outcome).__name__}: {outcome}"[:1000], True
         if isinstance(outcome, DeliveryError) and outcome.disables:
             status = "pending"
+        elif retryable and lane.probing:
+            # The channel is still down: the notification waits for it, its schedule unspent.
+            status = "pending"
         elif retryable:
             next_attempt = next_attempt_after(
-                lane.retry, attempts, finished, retry_after=retry_after, rng=policy.rng
+                lane.retry,
+                attempts,
+                finished,
+                first=notification.created_at,
+                retry_after=retry_after,
+                rng=policy.rng,
             )
             status = "dead" if next_attempt is None else "pending"
         else:

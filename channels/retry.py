@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from changewatch.channels.config import RetryConfig
 
-__all__ = ["max_attempts", "next_attempt", "wait"]
+__all__ = ["max_attempts", "next_attempt", "span", "wait"]
 
 
 def max_attempts(config: RetryConfig) -> int:
@@ -23,6 +23,16 @@ def max_attempts(config: RetryConfig) -> int:
     12
     """
     return len(config.delays) + 1
+
+
+def span(config: RetryConfig) -> float:
+    """Seconds the schedule keeps a notification trying, at the least (jitter may shorten
+    each wait by its fraction).
+
+    >>> round(span(RetryConfig(jitter=0)) / 3600, 1)
+    67.6
+    """
+    return sum(config.delays) * config.scale * (1 - config.jitter)
 
 
 def wait(
@@ -54,10 +64,25 @@ def next_attempt(
     failures: int,
     now: datetime,
     *,
+    first: datetime | None = None,
     retry_after: float | None = None,
     rng: random.Random | None = None,
 ) -> datetime | None:
-    """When to try again after ``failures`` failed attempts; None once they are all spent."""
-    if failures >= max_attempts(config):
+    """When to try again after ``failures`` failed attempts; None once the schedule is spent.
+
+    Spent means both: every attempt made, and (given ``first``, when the notification was
+    queued) the schedule's whole span gone by. Attempts alone would be burnt early by a
+    channel that reopens after a pause (its waiting retries all go at once) or by short
+    Retry-After answers; past the last delay, attempts wait the last delay each.
+
+    >>> exact = RetryConfig(delays=[60, 60], jitter=0)
+    >>> t0 = datetime(2030, 1, 1)
+    >>> next_attempt(exact, 3, t0 + timedelta(seconds=120), first=t0) is None
+    True
+    >>> next_attempt(exact, 3, t0 + timedelta(seconds=30), first=t0)
+    datetime.datetime(2030, 1, 1, 0, 1, 30)
+    """
+    spent = first is None or (now - first).total_seconds() >= span(config)
+    if failures >= max_attempts(config) and spent:
         return None
     return now + timedelta(seconds=wait(config, failures, retry_after=retry_after, rng=rng))
