@@ -513,6 +513,21 @@ def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: 
     return 0
 
 
+def _held_by_circuits(held: str | None) -> str:
+    """``; N waiting for channel C (not open: ...)`` when channels were paused or disabled.
+
+    >>> _held_by_circuits('{"hook": 3}')
+    '; 3 waiting for channel hook (not open: see `changewatch resume --channel`)'
+    """
+    import json
+
+    counts = json.loads(held) if held else {}
+    return "".join(
+        f"; {count} waiting for channel {name} (not open: see `changewatch resume --channel`)"
+        for name, count in sorted(counts.items())
+    )
+
+
 def summarize(asset: str, meta: dict) -> str:
     """One line per materialized asset, from its metadata."""
     if "skipped" in meta:  # a sync that found another one of its source running
@@ -586,6 +601,7 @@ def summarize(asset: str, meta: dict) -> str:
                 else ""
             )
             + (f", {suppressed} suppressed by debounce" if suppressed else "")
+            + _held_by_circuits(meta.get("held_by_channel_circuit"))
         )
     if "changes_deleted" in meta:
         return (

@@ -155,3 +155,22 @@ def test_every_payload_carries_the_order_so_a_late_retry_is_dropped(
     assert newest[("src", "a")]["title"] == "a v2"
     assert [p["sequence"] for p in arrived] == [2, 1]
     assert arrived[0]["changed_at"] > arrived[1]["changed_at"]
+
+
+def test_a_failed_probe_spends_the_channel_not_the_notification(
+    warehouse_url: str, http_receiver: Any
+) -> None:
+    http_receiver.responses = [(503, {})] * 3
+    # Three attempts over 3,660 s on its own; paused after one failure, probed on the same waits.
+    channel = hook(http_receiver, retry={"delays": [60, 3600], "jitter": 0, "pause_after": 1})
+    with connect(warehouse_url) as wh:
+        [nid] = enqueue(wh, ["hook"], [("a", 1)], at=START)
+    for step in (0, 60, 3660, 7260):
+        with connect(warehouse_url) as wh:
+            at = START + timedelta(seconds=step)
+            deliver_due(wh, [channel], policy=EXACT, now=lambda at=at: at)
+        if step == 3660:
+            # Its third failure, the schedule's span gone by: dead, were it not a probe.
+            assert rows(warehouse_url)[nid][:2] == ("pending", 3)
+    assert len(http_receiver.requests) == 4
+    assert rows(warehouse_url)[nid][:2] == ("sent", 4)
