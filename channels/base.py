@@ -122,6 +122,12 @@ class Notification:
     # Signed feedback links ({verdict: url}), added at delivery when `feedback:` is configured;
     # never stored in the outbox.
     feedback: dict[str, str] | None = field(default=None, hash=False)
+    # Ordering: the source's change sequence (its change log id: it only grows, so of two
+    # notifications about one object the higher is the newer) and when the change was seen.
+    # A retry can arrive after a newer notification; a receiver keeps the highest sequence
+    # per (source, object_key) and drops a lower one.
+    sequence: int | None = None
+    changed_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not self.notification_id:
@@ -134,7 +140,8 @@ class Notification:
     def to_json(self) -> dict[str, Any]:
         """A stable JSON dict: the same notification always gives the same dict.
 
-        ``feedback`` (the signed links) is there only when the notification carries links.
+        ``feedback`` (the signed links) is there only when the notification carries links;
+        ``sequence`` and ``changed_at`` when it has them (every notification from the outbox).
         """
         data: dict[str, Any] = {
             "notification_id": self.notification_id,
@@ -150,6 +157,10 @@ class Notification:
             "created_at": jsonable(self.created_at),
             "payload": jsonable(self.payload),
         }
+        if self.sequence is not None:
+            data["sequence"] = self.sequence
+        if self.changed_at is not None:
+            data["changed_at"] = jsonable(self.changed_at)
         if self.feedback:
             data["feedback"] = dict(self.feedback)
         return data
@@ -166,14 +177,23 @@ class DeliveryError(Exception):
 
     `retryable` tells the caller whether trying the same notification again later may work
     (connection refused, 5xx, rate limit) or never will (bad address, 4xx, bad credentials).
-    `retry_after` is the receiver's own hint in seconds, when it gave one.
-    Messages never contain secrets.
+    `retry_after` is the receiver's own hint in seconds, when it gave one. `disables` says
+    the receiver is gone for good (HTTP 410): its channel is disabled until a person resumes
+    it. Messages never contain secrets.
     """
 
-    def __init__(self, message: str, *, retryable: bool, retry_after: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        retry_after: float | None = None,
+        disables: bool = False,
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after = retry_after
+        self.disables = disables
 
     def __repr__(self) -> str:
         return f"DeliveryError({str(self)!r}, retryable={self.retryable})"

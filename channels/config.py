@@ -19,6 +19,7 @@ __all__ = [
     "EmailChannelConfig",
     "FeedbackConfig",
     "FileChannelConfig",
+    "RetryConfig",
     "WebhookChannelConfig",
 ]
 
@@ -48,14 +49,87 @@ class _Model(BaseModel):
         return []
 
 
-class ConsoleChannelConfig(_Model):
+# About three days (the Standard Webhooks, Svix and Stripe anchors retry for one to three):
+# 5 s, 5 min, 30 min, 2 h, 5 h, then every 10 h; 12 attempts over 2.8 days.
+DEFAULT_RETRY_DELAYS = (5.0, 300.0, 1800.0, 7200.0, 18000.0) + (36000.0,) * 6
+
+
+class RetryConfig(_Model):
+    """When a failed send is tried again, and when a failing channel is paused.
+
+    Given per channel (``retry:`` on a channel) or for all of them (``delivery: retry:``).
+    """
+
+    delays: list[Duration] = Field(
+        default_factory=lambda: list(DEFAULT_RETRY_DELAYS),
+        min_length=1,
+        description=(
+            "Waits after the 1st, 2nd... failed attempt of one notification; after the last, "
+            "the next failure dead-letters it (`changewatch redeliver` sends it again). "
+            "Default: 5s, 5m, 30m, 2h, 5h, then 10h six times (12 attempts, about 3 days)."
+        ),
+    )
+    jitter: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description=(
+            "Each wait is moved by up to this fraction either way, so notifications that "
+            "failed together do not all come back at the same instant."
+        ),
+    )
+    pause_after: int = Field(
+        default=5,
+        ge=1,
+        description=(
+            "Consecutive temporary failures (5xx, timeouts, refused connections, SMTP 4xx) "
+            "after which the channel is paused: none of its notifications are tried until a "
+            "probe, due on the same schedule, gets through."
+        ),
+    )
+    max_retry_after: Duration = Field(
+        default=86400.0,
+        gt=0,
+        description=(
+            "The longest `Retry-After` (on a 429 or 503) that is honoured as given; a longer "
+            "one waits this long."
+        ),
+    )
+    scale: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Multiplies every wait (delays and Retry-After): 0.001 turns three days into "
+            "about four minutes, for a drill against a test receiver. 1 in production."
+        ),
+    )
+
+    def total(self) -> float:
+        """Seconds from the first attempt to the last, without jitter.
+
+        >>> round(RetryConfig().total() / 86400, 1)
+        2.8
+        """
+        return sum(self.delays) * self.scale
+
+
+class _Channel(_Model):
+    """Settings every channel has."""
+
+    retry: RetryConfig | None = Field(
+        default=None,
+        description="This channel's retry schedule (default: `delivery: retry:`).",
+    )
+
+
+class ConsoleChannelConfig(_Channel):
     """Print each notification on standard output (and in the Dagster run log)."""
 
     name: Identifier
     type: Literal["console"]
 
 
-class FileChannelConfig(_Model):
+class FileChannelConfig(_Channel):
     """Append each notification as one JSON line to a file."""
 
     name: Identifier
@@ -63,7 +137,7 @@ class FileChannelConfig(_Model):
     path: str
 
 
-class EmailChannelConfig(_Model):
+class EmailChannelConfig(_Channel):
     """Send each notification as an email over SMTP."""
 
     name: Identifier
@@ -86,7 +160,7 @@ class EmailChannelConfig(_Model):
         return [self.password_env] if self.password_env else []
 
 
-class WebhookChannelConfig(_Model):
+class WebhookChannelConfig(_Channel):
     """POST each notification as JSON, signed per the Standard Webhooks scheme."""
 
     name: Identifier
@@ -107,7 +181,7 @@ class WebhookChannelConfig(_Model):
         return [self.secret_env] if self.secret_env else []
 
 
-class AppriseChannelConfig(_Model):
+class AppriseChannelConfig(_Channel):
     """Send each notification through Apprise (Slack, Discord, Telegram, ntfy, Matrix...).
 
     Apprise URLs embed their tokens (`slack://T.../B.../xyz`), so the URL itself is read from
@@ -141,6 +215,10 @@ class DeliveryConfig(_Model):
     # must outlast any send (the config check wants twice every channel's timeout), or a slow
     # send would be taken for a crashed one.
     lease: Duration = 600.0
+    retry: RetryConfig = Field(
+        default_factory=RetryConfig,
+        description="The retry schedule of every channel without its own `retry:`.",
+    )
 
     @field_validator("lease")
     @classmethod

@@ -122,6 +122,9 @@ def build_notification_message(
     msg["Auto-Submitted"] = "auto-generated"
     msg["X-Changewatch-Watch"] = header_text(n.watch)
     msg["X-Changewatch-Notification-Id"] = header_text(n.notification_id)
+    if n.sequence is not None:
+        # A filter or a script can tell a late retry from the newest word on the object.
+        msg["X-Changewatch-Sequence"] = str(n.sequence)
     if n.urgency in _PRIORITY:
         priority, importance = _PRIORITY[n.urgency]
         msg["X-Priority"] = priority

@@ -16,6 +16,7 @@ parks it as dead where it does not (email, apprise, console: at most once).
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,16 +31,20 @@ from changewatch.channels.base import (
     ResumableChannel,
 )
 from changewatch.channels.build import build_channel
+from changewatch.channels.circuit import Circuit, load_circuits, save_circuit
 from changewatch.channels.config import (
     ChannelConfig,
     DeliveryConfig,
     DigestConfig,
     EmailChannelConfig,
     FeedbackConfig,
+    RetryConfig,
 )
 from changewatch.channels.digest import DigestItem, build_digest_message, write_digest_files
 from changewatch.channels.feedback import FeedbackLinks, FeedbackSecretMissing
 from changewatch.channels.recovery import REQUEUED, recover_interrupted
+from changewatch.channels.retry import max_attempts
+from changewatch.channels.retry import next_attempt as next_attempt_after
 from changewatch.channels.smtp import send_email
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import ensure_delivery_tables
@@ -51,17 +56,18 @@ __all__ = [
     "DigestResult",
     "DigestWindowOpen",
     "deliver_due",
+    "read_notifications",
     "send_digest_window",
 ]
 
 
 @dataclass(frozen=True)
 class DeliveryPolicy:
-    """Retry schedule: attempt n waits ``base * 2**(n-1)`` (capped) after failure n."""
+    """How a delivery pass works: the retry schedule of the channels without their own, the
+    claim lease and the batch sizes."""
 
-    max_attempts: int = 6
-    backoff_base: timedelta = timedelta(seconds=30)
-    backoff_max: timedelta = timedelta(hours=1)
+    # The schedule of every channel without a `retry:` of its own (channels/retry.py).
+    retry: RetryConfig = field(default_factory=RetryConfig)
     # A claim older than this belongs to a process that died while sending (`delivery: lease`).
     lease: timedelta = timedelta(seconds=DeliveryConfig().lease)
     # Deliveries to a file claimed, written and recorded together (one write).
@@ -69,24 +75,18 @@ class DeliveryPolicy:
     # Notifications read at a time for the channels that send one by one (each is still
     # claimed and recorded on its own).
     message_batch_size: int = 20
+    # The jitter's randomness (a seeded one makes a bench repeatable).
+    rng: random.Random | None = field(default=None, compare=False)
 
     @classmethod
     def from_config(cls, config: DeliveryConfig) -> DeliveryPolicy:
         """The policy the watches file's ``delivery:`` block sets (defaults elsewhere)."""
-        return cls(lease=timedelta(seconds=config.lease))
+        return cls(retry=config.retry, lease=timedelta(seconds=config.lease))
 
-    def next_attempt(self, attempts: int, now: datetime, retry_after: float | None) -> datetime:
-        """When to try again after ``attempts`` failures.
-
-        >>> p = DeliveryPolicy()
-        >>> start = datetime(2026, 1, 1, tzinfo=UTC)
-        >>> [(p.next_attempt(n, start, None) - start).seconds for n in (1, 2, 3)]
-        [30, 60, 120]
-        """
-        wait = min(self.backoff_base * 2 ** (attempts - 1), self.backoff_max)
-        if retry_after is not None:
-            wait = max(wait, timedelta(seconds=retry_after))
-        return now + wait
+    def retry_for(self, channel: ChannelConfig | None) -> RetryConfig:
+        """The schedule of ``channel``: its own ``retry:``, else the policy's."""
+        own = getattr(channel, "retry", None)
+        return own if own is not None else self.retry
 
 
 @dataclass
@@ -102,6 +102,8 @@ class DeliveryStats:
     # Sends cut short by a crash that had arrived (a file's lines): recorded, not repeated.
     found_delivered: int = 0
     by_channel: dict[str, int] = field(default_factory=dict)
+    # Deliveries due on a paused or disabled channel, left waiting (no send tried).
+    held: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
 
     def metadata(self) -> dict[str, Any]:
@@ -112,6 +114,7 @@ class DeliveryStats:
             "interrupted_sends_parked": self.interrupted,
             "interrupted_sends_requeued": self.requeued,
             "sent_by_channel": json.dumps(self.by_channel, sort_keys=True),
+            "held_by_channel_circuit": json.dumps(self.held, sort_keys=True),
         }
 
 
@@ -127,19 +130,21 @@ def deliver_due(
     """Send every pending delivery whose time has come; return what happened.
 
     First, sends a crash cut short (claimed longer than the lease ago) are sent again or
-    parked (``recovery``). Then deliveries go channel by channel: one message at a time,
-    each claimed and recorded in its own transaction, or, to a channel with ``send_batch``,
-    in batches claimed, written and recorded together. With ``feedback``, each notification
-    carries its signed feedback links; when their secret is not set, every delivery fails
-    saying so.
+    parked (``recovery``). Then deliveries go channel by channel, in the order their changes
+    happened: one message at a time, each claimed and recorded in its own transaction, or, to
+    a channel with ``send_batch``, in batches claimed, written and recorded together. A
+    channel whose circuit is paused or disabled is skipped, or probed with one delivery when
+    its probe is due (``circuit``). With ``feedback``, each notification carries its signed
+    feedback links; when their secret is not set, every delivery fails saying so.
     """
     policy = policy or DeliveryPolicy()
     stats = DeliveryStats()
     started = now()
     with wh.transaction():
         ensure_delivery_tables(wh)
+    attempts = {c.name: max_attempts(policy.retry_for(c)) for c in channels}
     recovered = recover_interrupted(
-        wh, channels, lease=policy.lease, max_attempts=policy.max_attempts, now=started
+        wh, channels, lease=policy.lease, max_attempts=attempts, now=started
     )
     for channel_name, count in recovered.requeued.items():
         stats.requeued += count
@@ -155,7 +160,11 @@ def deliver_due(
             "again (it may have arrived; this channel delivers at most once)"
         )
     due = wh.fetch_frame(render("select_deliveries_due", wh.dialect), (started,))
-    if due.is_empty():
+    circuits = load_circuits(wh)
+    # Channels in the order their first delivery is due, then the paused ones due a probe.
+    names = list(dict.fromkeys(due.get_column("channel").to_list()))
+    names += [n for n, c in circuits.items() if c.admits(started) == "probe" and n not in names]
+    if not names:
         return stats
     configured = {c.name: c for c in channels}
     links: FeedbackLinks | None = None
@@ -166,34 +175,91 @@ def deliver_due(
         except FeedbackSecretMissing as missing:
             # Like a missing channel secret: sending without the links would hide it.
             unsigned = DeliveryError(str(missing), retryable=False)
-    # Channels in the order their first delivery is due; each keeps its deliveries' order.
-    for (channel_name,), rows in due.group_by("channel", maintain_order=True):
+    for channel_name in names:
+        circuit = circuits.get(channel_name, Circuit(channel_name))
+        admits = circuit.admits(started)
+        if admits == "none":
+            stats.held[channel_name] = due.filter(pl.col("channel") == channel_name).height
+            stats.log.append(circuit.line())
+            continue
         channel: Channel | Exception | None = unsigned
         if channel_name in configured and unsigned is None:
             try:
                 channel = build(configured[channel_name])
             except Exception as failure:  # noqa: BLE001 - counted as each delivery's failure
                 channel = failure
-        # A channel that cannot send (unknown, failed to build) fails each delivery at once:
-        # in batches, like a file.
-        one_by_one = (
-            channel
-            if isinstance(channel, Channel) and not isinstance(channel, BatchChannel)
-            else None
+        lane = _Lane(
+            wh, channel_name, channel, policy.retry_for(configured.get(channel_name)), circuit
         )
-        size = policy.batch_size if one_by_one is None else policy.message_batch_size
-        for offset in range(0, rows.height, size):
-            batch = rows.slice(offset, size)
-            notifications = _read(wh, batch, links)
-            if one_by_one is None:
-                _deliver_batch(wh, channel_name, channel, notifications, policy, now, stats)
+        if admits == "probe":
+            probe = wh.fetch_frame(render("select_deliveries_probe", wh.dialect), (channel_name,))
+            with wh.transaction():
+                for notification_id, _ in probe.iter_rows():
+                    wh.execute(
+                        render("update_deliveries_probe", wh.dialect),
+                        (notification_id, channel_name, started),
+                    )
+            lane.probing = True
+            _deliver_rows(lane, probe, links, policy, now, stats)
+            lane.probing = False
+            if lane.circuit.state != "open":
                 continue
-            for notification in notifications:
-                _deliver_one(wh, channel_name, one_by_one, notification, policy, now, stats)
+            stats.log.append(f"channel {channel_name}: the probe got through; open again")
+            rows = wh.fetch_frame(render("select_deliveries_due", wh.dialect), (now(),))
+            due_here = rows.filter(pl.col("channel") == channel_name)
+        else:
+            due_here = due.filter(pl.col("channel") == channel_name)
+        _deliver_rows(lane, due_here, links, policy, now, stats)
     return stats
 
 
-def _read(wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None) -> list[Notification]:
+@dataclass
+class _Lane:
+    """One channel during a pass: where to send, its schedule, and its circuit so far."""
+
+    wh: Warehouse
+    name: str
+    channel: Channel | Exception | None
+    retry: RetryConfig
+    circuit: Circuit
+    # Sending a paused channel's probe: its failure is the channel's, not the notification's.
+    probing: bool = False
+
+
+def _deliver_rows(
+    lane: _Lane,
+    rows: pl.DataFrame,
+    links: FeedbackLinks | None,
+    policy: DeliveryPolicy,
+    now: Callable[[], datetime],
+    stats: DeliveryStats,
+) -> None:
+    """Deliver ``rows`` (of one channel) in their order until done or its circuit opens."""
+    # A channel that cannot send (unknown, failed to build) fails each delivery at once:
+    # in batches, like a file.
+    one_by_one = (
+        lane.channel
+        if isinstance(lane.channel, Channel) and not isinstance(lane.channel, BatchChannel)
+        else None
+    )
+    size = policy.batch_size if one_by_one is None else policy.message_batch_size
+    for offset in range(0, rows.height, size):
+        notifications = read_notifications(lane.wh, rows.slice(offset, size), links)
+        if one_by_one is None:
+            _deliver_batch(lane, notifications, policy, now, stats)
+        else:
+            for notification in notifications:
+                _deliver_one(lane, one_by_one, notification, policy, now, stats)
+                if lane.circuit.state != "open":
+                    break
+        if lane.circuit.state != "open":
+            stats.log.append(lane.circuit.line())
+            return
+
+
+def read_notifications(
+    wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None
+) -> list[Notification]:
     """The notifications of ``batch``, in its order."""
     # Read before any claim: a notification that cannot be read stops the pass with nothing
     # of this batch claimed, rather than leaving it to be parked as interrupted.
@@ -205,20 +271,33 @@ def _read(wh: Warehouse, batch: pl.DataFrame, links: FeedbackLinks | None) -> li
     return [by_id[i] for i in batch.get_column("notification_id")]
 
 
+def _advance(lane: _Lane, outcome: Exception | None, at: datetime, policy: DeliveryPolicy) -> bool:
+    """Move ``lane``'s circuit past one outcome; whether it changed (and must be written)."""
+    before = lane.circuit
+    lane.circuit = before.after(outcome, lane.retry, at, policy.rng)
+    return lane.circuit != before
+
+
+def _save(wh: Warehouse, lane: _Lane, before: Circuit) -> None:
+    """Write the lane's circuit (in the caller's transaction), reopening the channel's queue
+    when it was paused and answers again."""
+    save_circuit(wh, lane.circuit, reopened=before.state != "open" and lane.circuit.state == "open")
+
+
 def _deliver_one(
-    wh: Warehouse,
-    channel_name: str,
+    lane: _Lane,
     channel: Channel,
     notification: Notification,
     policy: DeliveryPolicy,
     now: Callable[[], datetime],
     stats: DeliveryStats,
 ) -> None:
-    """Claim one delivery, send it, and record its outcome at once."""
+    """Claim one delivery, send it, and record its outcome (and the circuit's) at once."""
+    wh = lane.wh
     with wh.transaction():
         claimed = wh.fetch(
             render("claim_deliveries", wh.dialect),
-            (now(), notification.notification_id, channel_name),
+            (now(), notification.notification_id, lane.name),
         )
     if not claimed:
         return  # another deliverer took it
@@ -228,21 +307,25 @@ def _deliver_one(
         outcome: Exception | None = None
     except Exception as failure:  # noqa: BLE001 - a channel bug must not stop the others
         outcome = failure
-    row = _settle(channel_name, notification, attempts, outcome, now(), policy, stats)
+    finished = now()
+    row = _settle(lane, notification, attempts, outcome, finished, policy, stats)
+    before = lane.circuit
+    changed = _advance(lane, outcome, finished, policy)
     with wh.transaction():
         wh.execute(render("finish_deliveries", wh.dialect), row)
+        if changed:
+            _save(wh, lane, before)
 
 
 def _deliver_batch(
-    wh: Warehouse,
-    channel_name: str,
-    channel: Channel | Exception | None,
+    lane: _Lane,
     notifications: list[Notification],
     policy: DeliveryPolicy,
     now: Callable[[], datetime],
     stats: DeliveryStats,
 ) -> None:
     """Claim ``notifications`` (to one channel), write them at once, and record every outcome."""
+    wh, channel_name = lane.wh, lane.name
     ids = pl.DataFrame(
         {
             "notification_id": [n.notification_id for n in notifications],
@@ -274,19 +357,23 @@ def _deliver_batch(
         for n, error in zip(batch, claimed.get_column("last_error"), strict=True)
         if error == REQUEUED
     ]
-    outcomes = _send_batch(channel_name, channel, batch, resumed)
+    outcomes = _send_batch(channel_name, lane.channel, batch, resumed)
     finished = now()
     finish: dict[str, list[Any]] = {name: [] for name in _FINISH_SCHEMA}
+    before, changed = lane.circuit, False
     for notification, attempts, outcome in zip(
         batch, claimed.get_column("attempts"), outcomes, strict=True
     ):
-        row = _settle(channel_name, notification, attempts, outcome, finished, policy, stats)
+        row = _settle(lane, notification, attempts, outcome, finished, policy, stats)
+        changed = _advance(lane, outcome, finished, policy) or changed
         for name, value in zip(_FINISH_SCHEMA, row, strict=True):
             finish[name].append(value)
     # Recorded per batch: a crash later in the pass leaves this batch already settled.
     with wh.transaction():
         with wh.staged("cw_finish", pl.DataFrame(finish, schema=_FINISH_SCHEMA)) as stage:
             wh.execute(render("finish_deliveries_staged", wh.dialect, stage=stage))
+        if changed:
+            _save(wh, lane, before)
 
 
 _FINISH_SCHEMA = {
@@ -300,7 +387,7 @@ _FINISH_SCHEMA = {
 
 
 def _settle(
-    channel_name: str,
+    lane: _Lane,
     notification: Notification,
     attempts: int,
     outcome: Exception | None,
@@ -308,18 +395,41 @@ def _settle(
     policy: DeliveryPolicy,
     stats: DeliveryStats,
 ) -> tuple[Any, ...]:
-    """The deliveries row (as _FINISH_SCHEMA) for one send's outcome; counted and logged."""
+    """The deliveries row (as _FINISH_SCHEMA) for one send's outcome; counted and logged.
+
+    Delivered: sent. A temporary failure: pending until the schedule's next attempt, dead
+    once it is spent. A permanent one: dead at once (``redeliver`` can send it again),
+    unless it disables the channel (410 Gone): that is the channel's fault, not the
+    notification's, so it waits for the channel with the rest; so does a failed probe.
+    """
+    channel_name = lane.name
     error, retry_after, status = None, None, "sent"
-    if isinstance(outcome, DeliveryError):
-        error, retry_after = str(outcome)[:1000], outcome.retry_after
-        status = "pending" if outcome.retryable and attempts < policy.max_attempts else "dead"
-    elif outcome is not None:
-        # The send raised before completing; treat it as a failed, retryable attempt.
-        error = f"{type(outcome).__name__}: {outcome}"[:1000]
-        status = "pending" if attempts < policy.max_attempts else "dead"
-    next_attempt = (
-        policy.next_attempt(attempts, finished, retry_after) if status == "pending" else finished
-    )
+    next_attempt: datetime | None = finished
+    if outcome is not None:
+        if isinstance(outcome, DeliveryError):
+            error, retry_after = str(outcome)[:1000], outcome.retry_after
+            retryable = outcome.retryable
+        else:
+            # The send raised before completing; treat it as a failed, retryable attempt.
+            error, retryable = f"{type(outcome).__name__}: {outcome}"[:1000], True
+        if isinstance(outcome, DeliveryError) and outcome.disables:
+            status = "pending"
+        elif retryable and lane.probing:
+            # The channel is still down: the notification waits for it, its schedule unspent.
+            status = "pending"
+        elif retryable:
+            next_attempt = next_attempt_after(
+                lane.retry,
+                attempts,
+                finished,
+                first=notification.created_at,
+                retry_after=retry_after,
+                rng=policy.rng,
+            )
+            status = "dead" if next_attempt is None else "pending"
+        else:
+            status = "dead"
+    next_attempt = next_attempt or finished
     if status == "sent":
         stats.sent += 1
         stats.by_channel[channel_name] = stats.by_channel.get(channel_name, 0) + 1
@@ -327,7 +437,7 @@ def _settle(
         stats.retrying += 1
         stats.log.append(
             f"{channel_name}: {notification.title!r} failed (attempt {attempts}), "
-            f"retrying at {next_attempt:%H:%M:%S}: {error}"
+            f"retrying at {next_attempt:%Y-%m-%d %H:%M:%S}: {error}"
         )
     else:
         stats.dead += 1
@@ -384,6 +494,9 @@ def _notification(row: dict[str, Any], links: FeedbackLinks | None = None) -> No
         created_at=row["created_at"],
         payload=json.loads(row["payload"]),
         feedback=feedback,
+        sequence=row["change_id"],
+        # Notifications queued before ordering have no change time: their creation stands in.
+        changed_at=row.get("changed_at") or row["created_at"],
     )
 
 

@@ -10,7 +10,7 @@ console) park it as dead, at most once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -42,18 +42,25 @@ def recover_interrupted(
     channels: Sequence[ChannelConfig],
     *,
     lease: timedelta,
-    max_attempts: int,
+    max_attempts: Mapping[str, int],
     now: datetime,
 ) -> Recovered:
-    """Requeue or park every delivery claimed more than ``lease`` before ``now``, in one txn."""
+    """Requeue or park every delivery claimed more than ``lease`` before ``now``, in one txn.
+
+    ``max_attempts`` gives each channel's (its retry schedule's): a send that crashed its
+    deliverer on its last attempt is parked, so it cannot crash it forever.
+    """
     retry_safe = [c.name for c in channels if retries_after_crash(c)]
     expired = now - lease
     recovered = Recovered()
+    requeued: list[tuple[object, ...]] = []
     with wh.transaction():
-        requeued = wh.fetch(
-            render("requeue_deliveries", wh.dialect),
-            (expired, now, REQUEUED, retry_safe, max_attempts),
-        )
+        # One statement per channel (there are few): each has its own attempt limit.
+        for name in retry_safe:
+            requeued += wh.fetch(
+                render("requeue_deliveries", wh.dialect),
+                (expired, now, REQUEUED, [name], max_attempts.get(name, 1)),
+            )
         parked = wh.fetch(render("update_deliveries_stale", wh.dialect), (expired, PARKED))
     for rows, counts in ((requeued, recovered.requeued), (parked, recovered.parked)):
         for _, channel in rows:

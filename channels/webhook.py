@@ -136,9 +136,16 @@ class WebhookChannel:
                 "%s: delivered %s (HTTP %s)", self._where, notification.notification_id, status
             )
             return
-        retryable = status in (408, 425, 429) or status >= 500
+        # Temporary: timeouts, conflicts, too early, rate limits and server errors. Any other
+        # 4xx (or 3xx: redirects are not followed) will not change on a retry.
+        retryable = status in _TEMPORARY or status >= 500
         raise DeliveryError(
             f"{self._where}: HTTP {status} {response.reason_phrase}".rstrip(),
             retryable=retryable,
             retry_after=_retry_after(response.headers.get("retry-after")) if retryable else None,
+            # 410 Gone: the endpoint was removed; stop sending there until a person says so.
+            disables=status == 410,
         )
+
+
+_TEMPORARY = frozenset({408, 409, 425, 429})

@@ -641,6 +641,9 @@ def _decide(
                     ),
                     "created_at": evaluated_at,
                     "due_at": row["detected_at"] + debounce if debounce else None,
+                    # Carried in every payload with change_id, so a receiver can drop a
+                    # notification older than one it already has (channels/base.py).
+                    "changed_at": row["detected_at"],
                 }
             )
             contexts.append(context)
@@ -705,6 +708,7 @@ _OUTBOX_SCHEMA = {
     "payload": pl.String,
     "created_at": pl.Datetime("us", "UTC"),
     "due_at": pl.Datetime("us", "UTC"),
+    "changed_at": pl.Datetime("us", "UTC"),
 }
 
 

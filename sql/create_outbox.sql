@@ -20,5 +20,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- was settled, and why it was suppressed (NULL: sent as usual).
     due_at TIMESTAMPTZ,
     settled_at TIMESTAMPTZ,
-    suppressed TEXT
+    suppressed TEXT,
+    -- When the change was detected: with change_id (the source's change sequence), every
+    -- payload carries it, so a receiver can drop a notification older than one it has.
+    changed_at TIMESTAMPTZ
 )

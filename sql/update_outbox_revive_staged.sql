@@ -5,6 +5,7 @@
 UPDATE outbox AS o
 SET change_id = s.change_id, kind = s.kind, title = s.title, body = s.body, url = s.url,
     urgency = s.urgency, summary = s.summary, payload = s.payload, due_at = s.due_at,
+    changed_at = s.changed_at,
     settled_at = NULL, suppressed = NULL
 FROM {stage} AS s
 WHERE o.notification_id = s.notification_id AND o.due_at IS NOT NULL

@@ -107,7 +107,13 @@ def ensure_evaluation_tables(wh: Warehouse) -> None:
 
 
 # Outbox columns added with debounce, for warehouses created before it.
-_OUTBOX_DEBOUNCE = {"due_at": "TIMESTAMPTZ", "settled_at": "TIMESTAMPTZ", "suppressed": "TEXT"}
+_OUTBOX_DEBOUNCE = {
+    "due_at": "TIMESTAMPTZ",
+    "settled_at": "TIMESTAMPTZ",
+    "suppressed": "TEXT",
+    # Added with ordering: the change's time, carried in every payload.
+    "changed_at": "TIMESTAMPTZ",
+}
 # The column the current decisions view added last: a view without it is an older one.
 _DECISIONS_NEWEST = "suppressed"
 
@@ -115,7 +121,7 @@ _DECISIONS_NEWEST = "suppressed"
 def ensure_delivery_tables(wh: Warehouse) -> None:
     """Create the outbox, delivery and digest tables (idempotent)."""
     _ddl_lock(wh)
-    for name in ("create_outbox", "create_deliveries", "create_digests"):
+    for name in ("create_outbox", "create_deliveries", "create_digests", "create_channel_circuits"):
         wh.execute(render(name, wh.dialect))
     _add_missing_columns(wh, "outbox", _OUTBOX_DEBOUNCE)
 

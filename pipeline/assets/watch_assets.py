@@ -322,8 +322,10 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
     Debounced notifications whose window has ended are settled first (released or
     suppressed), so the pass that releases one also sends it.
     """
+    from changewatch.channels.circuit import load_circuits
     from changewatch.channels.outbox import DeliveryPolicy, deliver_due
     from changewatch.evaluators.debounce import settle_debounced
+    from changewatch.pipeline.assets.channel_checks import channels_check, channels_check_spec
 
     sources = {s.name: s for s in config.sources}
 
@@ -335,12 +337,14 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
         pool=warehouse_pool(warehouse_url, "notifications"),
         deps=[dg.AssetKey(evaluation_asset_name(w)) for w in config.watches],
         kinds={"email", "python"},
+        check_specs=[channels_check_spec(NOTIFICATIONS_ASSET)],
         description=(
             "Sends every due notification in `outbox` to its channels "
             f"({', '.join(c.name for c in config.channels) or 'none configured'}), recording "
-            "each attempt in `deliveries`; failures retry with exponential backoff, then go "
-            "to the dead-letter state. Debounced notifications whose window has ended are "
-            "released or suppressed first."
+            "each attempt in `deliveries`; failures retry on each channel's schedule (about "
+            "three days by default), then go to the dead-letter state; a channel that keeps "
+            "failing is paused and probed (`channels_open` shows it). Debounced notifications "
+            "whose window has ended are released or suppressed first."
         ),
     )
     def _deliver(
@@ -354,6 +358,7 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
                 policy=DeliveryPolicy.from_config(config.delivery),
                 feedback=config.feedback,
             )
+            circuits = load_circuits(wh)
             # What was delivered may reach a stop.after_notifications
             # (pipeline/polling/source_pauses.py).
             stops = apply_notification_stops(wh, context.instance, config, now=time.time())
@@ -362,7 +367,10 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
         for line in stops:
             context.log.warning(line)
         paused = {"paused": ", ".join(stops)} if stops else {}
-        return dg.MaterializeResult(metadata=stats.metadata() | settled.metadata() | paused)
+        check = channels_check([c.name for c in config.channels], circuits)
+        return dg.MaterializeResult(
+            metadata=stats.metadata() | settled.metadata() | paused, check_results=[check]
+        )
 
     return _deliver
 

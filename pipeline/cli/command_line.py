@@ -123,6 +123,9 @@ def _parser() -> argparse.ArgumentParser:
     from changewatch.pipeline.cli import resume_command
 
     resume_command.add_parser(commands)
+    from changewatch.pipeline.cli import redeliver_command
+
+    redeliver_command.add_parser(commands)
 
     feedback = commands.add_parser(
         "feedback", help="rate a notification useful or noise (exported as eval examples)"
@@ -267,7 +270,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "resume":
         from changewatch.pipeline.cli import resume_command
 
+        if args.channel is not None:
+            if args.name is not None:
+                raise UsageError("resume takes a NAME or --channel C, not both")
+            return resume_command.run_channel(config, args.channel)
+        if args.name is None:
+            raise UsageError("resume needs a source's or watch's NAME, or --channel C")
         return resume_command.run(config, args.name)
+    if args.command == "redeliver":
+        from changewatch.pipeline.cli import redeliver_command
+
+        return redeliver_command.run(config, args)
     if args.command == "feedback":
         return _feedback(args.notification_id, args.rating, args.note)
     if args.command == "feedback-server":
@@ -504,6 +517,21 @@ def _digest(config: ChangewatchConfig, name: str, day: date | None, *, partial: 
     return 0
 
 
+def _held_by_circuits(held: str | None) -> str:
+    """``; N waiting for channel C (not open: ...)`` when channels were paused or disabled.
+
+    >>> _held_by_circuits('{"hook": 3}')
+    '; 3 waiting for channel hook (not open: see `changewatch resume --channel`)'
+    """
+    import json
+
+    counts = json.loads(held) if held else {}
+    return "".join(
+        f"; {count} waiting for channel {name} (not open: see `changewatch resume --channel`)"
+        for name, count in sorted(counts.items())
+    )
+
+
 def summarize(asset: str, meta: dict) -> str:
     """One line per materialized asset, from its metadata."""
     if "skipped" in meta:  # a sync that found another one of its source running
@@ -583,6 +611,7 @@ def summarize(asset: str, meta: dict) -> str:
                 else ""
             )
             + (f", {suppressed} suppressed by debounce" if suppressed else "")
+            + _held_by_circuits(meta.get("held_by_channel_circuit"))
         )
     if "changes_deleted" in meta:
         return (

@@ -24,9 +24,42 @@ __all__ = ["add_parser", "run"]
 def add_parser(commands: Any) -> None:
     """The `resume` subcommand."""
     resume = commands.add_parser(
-        "resume", help="resume a source or watch that a stop condition paused"
+        "resume",
+        help="resume a source or watch that a stop condition paused, or a paused or disabled "
+        "channel (--channel)",
     )
-    resume.add_argument("name", help="the source's or watch's name in the watches file")
+    resume.add_argument("name", nargs="?", help="the source's or watch's name in the watches file")
+    resume.add_argument(
+        "--channel",
+        metavar="C",
+        help="open channel C again (disabled by a 410 Gone, or paused by failures): its "
+        "waiting notifications are due at once",
+    )
+
+
+def run_channel(config: ChangewatchConfig, channel: str, *, now: float | None = None) -> int:
+    """Open ``channel``'s circuit (channels/circuit.py) in the warehouse; one line."""
+    from changewatch.channels.circuit import count_waiting, resume_channel
+    from changewatch.warehouse import connect
+
+    names = [c.name for c in config.channels]
+    if channel not in names:
+        raise UsageError(
+            f"no channel {channel!r} in the watches file (known: {', '.join(names) or 'none'})"
+        )
+    at = datetime.fromtimestamp(time.time() if now is None else now, UTC)
+    with connect() as wh:
+        was = resume_channel(wh, channel, at)
+        waiting = count_waiting(wh, channel)
+    if was is None:
+        print(f"channel {channel}: not paused or disabled")
+        return 0
+    since = was.changed_at.isoformat(timespec="seconds") if was.changed_at else "?"
+    print(
+        f"channel {channel}: resumed ({was.state} since {since}: {was.last_error}); "
+        f"{waiting} waiting notification(s) are due now"
+    )
+    return 0
 
 
 def run(config: ChangewatchConfig, name: str, *, now: float | None = None) -> int:

@@ -17,6 +17,7 @@ from changewatch.channels.config import (
     DigestConfig,
     EmailChannelConfig,
     FileChannelConfig,
+    RetryConfig,
     WebhookChannelConfig,
 )
 from changewatch.channels.outbox import DeliveryPolicy, deliver_due, send_digest_window
@@ -132,24 +133,29 @@ def test_each_notification_reaches_each_channel_once(
     assert {s for _, s, _ in statuses(warehouse_url)} == {"sent"}
 
 
-def test_failures_retry_with_backoff_keeping_the_webhook_id(
+def test_failures_retry_on_the_schedule_keeping_the_webhook_id(
     warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
 ) -> None:
     queue_notifications(warehouse_url, demo_api, ["hook"], count=1)
     http_receiver.responses = [(503, {}), (503, {})]
     start = datetime.now(UTC) + timedelta(minutes=1)
     clock = {"now": start}
+    policy = DeliveryPolicy(retry=RetryConfig(jitter=0))  # 5 s, then 5 min
 
     def deliver() -> Any:
         with connect(warehouse_url) as wh:
-            return deliver_due(wh, [webhook(http_receiver)], now=lambda: clock["now"])
+            return deliver_due(
+                wh, [webhook(http_receiver)], now=lambda: clock["now"], policy=policy
+            )
 
     assert deliver().retrying == 1
-    clock["now"] = start + timedelta(seconds=20)  # first backoff is 30 s: not due yet
+    clock["now"] = start + timedelta(seconds=4)  # the first wait is 5 s: not due yet
     assert deliver().retrying == 0 and len(http_receiver.requests) == 1
-    clock["now"] = start + timedelta(seconds=31)
-    assert deliver().retrying == 1  # second failure; next wait 60 s
-    clock["now"] = start + timedelta(seconds=95)
+    clock["now"] = start + timedelta(seconds=6)
+    assert deliver().retrying == 1  # second failure; next wait 5 min
+    clock["now"] = start + timedelta(seconds=6 + 290)
+    assert deliver().retrying == 0 and len(http_receiver.requests) == 2
+    clock["now"] = start + timedelta(seconds=6 + 301)
     assert deliver().sent == 1
     ids = {r.headers["webhook-id"] for r in http_receiver.requests}
     assert len(http_receiver.requests) == 3 and len(ids) == 1
@@ -161,7 +167,8 @@ def test_gives_up_into_dead_letter(
 ) -> None:
     queue_notifications(warehouse_url, demo_api, ["hook"], count=2)
     http_receiver.responses = [(400, {})] + [(500, {})] * 10
-    policy = DeliveryPolicy(max_attempts=3, backoff_base=timedelta(0))
+    # Three attempts, no wait between them; the circuit never pauses here.
+    policy = DeliveryPolicy(retry=RetryConfig(delays=[0, 0], pause_after=99))
     for _ in range(4):
         with connect(warehouse_url) as wh:
             deliver_due(wh, [webhook(http_receiver)], policy=policy)
@@ -195,6 +202,9 @@ def test_interrupted_email_is_parked_and_counted_dead_interrupted_webhook_is_sen
     assert statuses(warehouse_url) == [("hook", "sent", 2), ("mail", "dead", 1)]
 
 
+THREE_ATTEMPTS = DeliveryPolicy(retry=RetryConfig(delays=[5, 5]))
+
+
 def test_an_interrupted_webhook_is_parked_once_its_attempts_are_spent(
     warehouse_url: str, demo_api: DemoAPIServer, http_receiver: Any
 ) -> None:
@@ -206,7 +216,7 @@ def test_an_interrupted_webhook_is_parked_once_its_attempts_are_spent(
             "UPDATE deliveries SET status = 'sending', attempts = 3, claimed_at = $1", (long_ago,)
         )
     with connect(warehouse_url) as wh:
-        stats = deliver_due(wh, [webhook(http_receiver)], policy=DeliveryPolicy(max_attempts=3))
+        stats = deliver_due(wh, [webhook(http_receiver)], policy=THREE_ATTEMPTS)
     assert (stats.interrupted, stats.dead, stats.requeued) == (1, 1, 0)
     assert http_receiver.requests == []
     assert statuses(warehouse_url) == [("hook", "dead", 3)]
@@ -247,12 +257,12 @@ def test_file_deliveries_go_in_batches_each_line_once(
     policy = DeliveryPolicy(batch_size=2)  # batches of 2, 2 and 1
     with connect(warehouse_url) as wh:
         stats = deliver_due(wh, [log], policy=policy)
-        ids = [row[0] for row in wh.fetch("SELECT notification_id FROM outbox")]
+        ids = [r[0] for r in wh.fetch("SELECT notification_id FROM outbox ORDER BY change_id")]
         again = deliver_due(wh, [log], policy=policy)
     assert (stats.sent, stats.by_channel, again.sent) == (5, {"log": 5}, 0)
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    # Every notification once, in the order deliveries fell due (ties by notification id).
-    assert [line["notification_id"] for line in lines] == sorted(ids)
+    # Every notification once, in the order of their changes.
+    assert [line["notification_id"] for line in lines] == ids
     assert sorted(line["title"].split(":")[0] for line in lines) == [
         f"Issue #{n}" for n in range(1, 6)
     ]
