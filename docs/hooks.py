@@ -96,8 +96,12 @@ def _anchor_link(model: type[BaseModel]) -> str:
 
 
 def _model_section(model: type[BaseModel], where: str) -> list[str]:
-    doc = " ".join((model.__doc__ or "").split("\n\n")[0].split())
-    lines = [f"## {model.__name__} {{#{_anchor(model)}}}", "", f"*Used as {where}.* {doc}", ""]
+    # The whole docstring: later paragraphs often say what the table cannot (defaults a
+    # validator fills in, how settings work together). reST's ``code`` becomes `code`.
+    paragraphs = [" ".join(p.split()) for p in (model.__doc__ or "").split("\n\n") if p.strip()]
+    paragraphs = [p.replace("``", "`") for p in paragraphs] or [""]
+    lines = [f"## {model.__name__} {{#{_anchor(model)}}}", ""]
+    lines += [f"*Used as {where}.* {paragraphs[0]}", "", *(f"{p}\n" for p in paragraphs[1:])]
     lines += ["| key | type | default | description |", "|---|---|---|---|"]
     for key, field in _fields(model):
         description = " ".join((field.description or "").split())
