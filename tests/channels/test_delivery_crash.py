@@ -29,6 +29,7 @@ from changewatch.channels.file import FileChannel
 from changewatch.channels.outbox import _notification as notification_of
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
+from patience import reaped
 from test_outbox import queue_notifications, statuses
 
 DRIVER = Path(__file__).with_name("delivery_driver.py")
@@ -176,8 +177,8 @@ def kill_while_held(url: str, channels: list[dict[str, Any]], hold: Hold, after:
 
 def finish(url: str, channels: list[dict[str, Any]]) -> str:
     """A last, uninterrupted pass; what it printed."""
-    proc = run_driver(url, channels)
-    out, err = proc.communicate(timeout=STUCK)
+    with reaped([run_driver(url, channels)]) as (proc,):  # killed if the wait is cut short
+        out, err = proc.communicate(timeout=STUCK)
     assert proc.returncode == 0, err
     return out
 
