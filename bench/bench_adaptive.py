@@ -8,7 +8,8 @@ is due, and a probe sees every change since the previous one. A change's detecti
 the time from it to the first probe after it.
 
 * fixed: today's behaviour, a probe per ``--interval`` slot (each source at its own phase);
-* adaptive: the envelope of pipeline/envelope.py (the sensor's own code), bounded by
+* adaptive: the envelope of pipeline/polling/adaptive_envelope.py (the sensor's own code), bounded
+by
   ``--min-interval`` and ``--max-interval``, starting at ``--interval``.
 
 Printed: probes sent and mean detection delay of each (all changes, and per kind of source),
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from changewatch.pipeline.envelope import Bounds, Observation, first_state, observe
+from changewatch.pipeline.polling.adaptive_envelope import Bounds, Observation, first_state, observe
 
 TICK = 30.0  # the sync sensor's minimum_interval_seconds
 TARGET_CUT = 0.30

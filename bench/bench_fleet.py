@@ -83,13 +83,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/proctree.py beside this file
 
 import proctree  # noqa: E402
-from changewatch.pipeline.timing import jitter_offset  # noqa: E402
+from changewatch.pipeline.polling.poll_slots import jitter_offset  # noqa: E402
 from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
 from proctree import die_with_parent, free_port, listening, stop_tree  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
-# The sync sensors' default tick (pipeline/config.py's DEFAULT_TICK): one tick's wait.
+# The sync sensors' default tick (pipeline/project/watches_file.py's DEFAULT_TICK): one tick's wait.
 TICK_S = 30.0
 # Issue 18's targets.
 TARGET_CORE_S_PER_POLL = 0.15
@@ -99,8 +99,8 @@ FLAT_SPAN_S = 300.0  # memory's peak is printed for each 5 minutes of the window
 TARGET_FLAT = 0.05  # at most 5% more memory at the window's end than at its half
 MIB = 1 << 20
 LONG_LIVED = ("daemon", "code server")  # the processes whose memory must stay flat
-# Why the sensor requested a run (pipeline/sensors.py's TRIGGER_TAG; not imported, so this
-# process does not load Dagster).
+# Why the sensor requested a run (pipeline/triggers/sync_sensors.py's TRIGGER_TAG; not imported, so
+# this process does not load Dagster).
 TRIGGER_TAG = "changewatch/trigger"
 
 
@@ -281,7 +281,7 @@ def deployment(
     if done.returncode != 0:
         raise SystemExit(f"`{' '.join(init[1:])}` failed: {done.stderr.strip()[-1000:]}")
     code = [str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(port)]
-    code += ["-m", "changewatch.pipeline.definitions", *code_options]
+    code += ["-m", "changewatch.pipeline.definitions.code_location", *code_options]
     daemon = [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"]
     with ExitStack() as stack:
 

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:  # the package is installed editable; this is only
 
 from changewatch.evaluators import local_model  # noqa: E402
 from changewatch.evaluators.judge import ChangeForJudge, Judge  # noqa: E402
-from changewatch.pipeline.config import load_config  # noqa: E402
+from changewatch.pipeline.project.watches_file import load_config  # noqa: E402
 from changewatch.sources.demo import DemoTracker  # noqa: E402
 
 FIELDS = ("number", "title", "state", "labels", "comments")

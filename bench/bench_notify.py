@@ -43,7 +43,7 @@ from changewatch.channels.outbox import deliver_due  # noqa: E402
 from changewatch.evaluators.config import Watch  # noqa: E402
 from changewatch.evaluators.evaluate import evaluate_watch  # noqa: E402
 from changewatch.evaluators.filters import compile_filter  # noqa: E402
-from changewatch.pipeline.config import load_config  # noqa: E402
+from changewatch.pipeline.project.watches_file import load_config  # noqa: E402
 from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
 from changewatch.sources.rest import RestSource, RestSourceConfig  # noqa: E402
 from changewatch.warehouse.backends import connect  # noqa: E402

@@ -6,7 +6,7 @@ Then, in this process, as the sync sensor does in the code server:
 
 * a first round probes every source (no state yet: each says "changed");
 * ``--rounds`` more rounds find nothing changed: ``due_probes`` + ``probe_all`` + ``decide``
-  (pipeline/probing.py), the cursor carried from round to round.
+  (pipeline/polling/probe_decisions.py), the cursor carried from round to round.
 
 Printed per unchanged probe: CPU of this process (``time.process_time``, every thread: the
 probe pool's and the connection pool's work) and of the calling thread alone
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import httpx
 import yaml
-from changewatch.pipeline.locations import WAREHOUSE_URL_ENV
-from changewatch.pipeline.probing import decide, due_probes, probe_states
+from changewatch.pipeline.polling.probe_decisions import decide, due_probes, probe_states
+from changewatch.pipeline.project.storage_paths import WAREHOUSE_URL_ENV
 from changewatch.sources.probe import ProbeClients, probe_all
 from changewatch.sources.rest import RestSourceConfig
 

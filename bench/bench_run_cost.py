@@ -43,7 +43,7 @@ from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
 STORAGES = {
     "pooled": """storage:
   custom:
-    module: changewatch.pipeline.pg_storage
+    module: changewatch.pipeline.definitions.postgres_storage
     class: PooledPostgresStorage
     config:
       postgres_url: {env: DAGSTER_PG_URL}
@@ -74,8 +74,12 @@ def sessions(admin, database: str) -> int:
 
 def measure(args: argparse.Namespace, storage: str) -> dict:
     import dagster as dg
-    from changewatch.pipeline.config import load_config
-    from changewatch.pipeline.wiring import SYNC_JOB, build_definitions, run_selections
+    from changewatch.pipeline.definitions.build_definitions import (
+        SYNC_JOB,
+        build_definitions,
+        run_selections,
+    )
+    from changewatch.pipeline.project.watches_file import load_config
 
     name = f"bench_run_{uuid.uuid4().hex[:8]}"
     parts = urlsplit(args.pg_url)

@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # the package is installed editable; this is only a fallback
     sys.path.insert(0, str(REPO))
 
-from changewatch.pipeline.config import load_config  # noqa: E402
+from changewatch.pipeline.project.watches_file import load_config  # noqa: E402
 from changewatch.sources.base import FetchResult  # noqa: E402
 from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
 from changewatch.sources.rest import RestSource, RestSourceConfig  # noqa: E402

@@ -88,10 +88,11 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/test"
 SOURCE, TABLE, WATCH = "widgets", "widgets", "widget_updates"
 HOOK_PATH, STANDARD_PATH = "/hooks/widgets", "/hooks/gadgets"
 SECRET_ENV, STANDARD_SECRET_ENV = "BENCH_WIDGETS_HOOK_SECRET", "BENCH_GADGETS_HOOK_SECRET"
-# The sync sensor's minimum interval (pipeline/sensors.py): a reconciliation poll is requested
-# at the first tick after its slot begins.
+# The sync sensor's minimum interval (pipeline/triggers/sync_sensors.py): a reconciliation poll is
+# requested at the first tick after its slot begins.
 SYNC_TICK_S = 30.0
-# The webhook sensor's name (pipeline/webhook_sensor.py; not imported: Dagster loads late here).
+# The webhook sensor's name (pipeline/triggers/webhook_sensor.py; not imported: Dagster loads late
+# here).
 WEBHOOK_SENSOR = "sync_on_webhook"
 TARGET_P95_S = 10.0
 MAX_BODY_BYTES = 64 << 10  # webhook.max_body_bytes here: oversized bodies stay small
@@ -240,7 +241,7 @@ def deployment(
         cli = str(BIN / "changewatch")
         deploy.procs["receiver"] = start("receiver", [cli, "webhooks", "--port", str(hook_port)])
         code = [str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p"]
-        code += [str(code_port), "-m", "changewatch.pipeline.definitions"]
+        code += [str(code_port), "-m", "changewatch.pipeline.definitions.code_location"]
         deploy.procs["code server"] = start("code server", code)
         baseline = start("first sync", [cli, "sync", SOURCE])
 

@@ -94,7 +94,7 @@ def measure(args: argparse.Namespace, folder: Path) -> dict[str, list[dict]]:
     with ExitStack() as stack:
         code = subprocess.Popen(
             [str(BIN / "dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(port)]
-            + ["-m", "changewatch.pipeline.definitions"],
+            + ["-m", "changewatch.pipeline.definitions.code_location"],
             env=env,
             stdout=stack.enter_context((folder / "code.log").open("w")),
             stderr=subprocess.STDOUT,

@@ -1,8 +1,9 @@
-"""MkDocs hook: the reference pages, generated from the code each time the site builds.
+"""MkDocs hook: the pages generated from the repository each time the site builds.
 
 ``reference/watches-file.md`` is rendered from the pydantic models of the watches file (each
-setting's key, type, default and ``Field(description=...)``), and ``reference/cli.md`` from the
-argument parser of ``changewatch``; neither exists on disk, so neither can drift from the code.
+setting's key, type, default and ``Field(description=...)``), ``reference/cli.md`` from the
+argument parser of ``changewatch`` (pipeline/cli/command_line.py), and ``architecture.md`` is
+ARCHITECTURE.md. None of them is a file under docs/, so none can drift from what it shows.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
@@ -20,6 +22,7 @@ from pydantic_core import PydanticUndefined
 
 WATCHES_PAGE = "reference/watches-file.md"
 CLI_PAGE = "reference/cli.md"
+ARCHITECTURE_PAGE = "architecture.md"
 
 # Validators that turn the file's text into a value, by what they accept (readable types).
 _VALIDATED = {
@@ -38,6 +41,10 @@ def on_files(files: Any, config: Any) -> Any:
 
     for path, render in ((WATCHES_PAGE, watches_reference), (CLI_PAGE, cli_reference)):
         files.append(File.generated(config, path, content=render()))
+    # ARCHITECTURE.md stays at the top of the repository, where a reader of the tree finds it;
+    # the site shows the same text rather than a copy that could fall behind.
+    architecture = Path(config.config_file_path).parent / "ARCHITECTURE.md"
+    files.append(File.generated(config, ARCHITECTURE_PAGE, content=architecture.read_text()))
     return files
 
 
@@ -46,7 +53,7 @@ def on_files(files: Any, config: Any) -> Any:
 
 def watches_reference() -> str:
     """The watches-file reference page: one table per settings model, top down."""
-    from changewatch.pipeline.config import ChangewatchConfig
+    from changewatch.pipeline.project.watches_file import ChangewatchConfig
 
     lines = [
         "# The watches file",
@@ -119,9 +126,7 @@ def _type_text(field: FieldInfo) -> str:
 
 
 def _optional(annotation: Any) -> bool:
-    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(
-        annotation
-    )
+    return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
 
 def _annotation_text(annotation: Any) -> str:
@@ -190,7 +195,7 @@ def cli_reference() -> str:
     """The command-line reference page: each command's usage and options, from its parser."""
     # The parser is private to the CLI module (it builds it per call); reading it here keeps
     # one definition of every command, option and help text.
-    from changewatch.pipeline.cli import _parser
+    from changewatch.pipeline.cli.command_line import _parser
 
     os.environ.setdefault("COLUMNS", "100")  # argparse wraps usage lines to the terminal
     parser = _parser()

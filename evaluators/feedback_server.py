@@ -21,7 +21,7 @@ from changewatch.channels.base import strip_controls
 from changewatch.channels.config import FeedbackConfig
 from changewatch.channels.feedback import VERDICTS, feedback_key, verify_signature
 from changewatch.evaluators.feedback import UnknownNotification, record_feedback
-from changewatch.evaluators.threaded_server import ThreadedServer
+from changewatch.sources.http_server import ThreadedServer
 from changewatch.warehouse import WarehouseError, connect
 
 __all__ = ["FeedbackServer"]

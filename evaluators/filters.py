@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import sqlglot
+from changewatch.warehouse.sql_functions import FUNCTIONS
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, SqlglotError
@@ -63,20 +64,6 @@ MAX_LENGTH = 10_000
 # Columns of the change row itself (name -> changewatch type).
 CHANGE_FIELDS = {"kind": "text", "object_key": "text", "detected_at": "timestamp"}
 QUALIFIERS = ("old", "new")
-# Functions that sqlglot parses into their own node types.
-FUNCTIONS: dict[type[exp.Expression], str] = {
-    exp.Lower: "lower",
-    exp.Upper: "upper",
-    exp.Length: "length",
-    exp.Trim: "trim",
-    exp.Coalesce: "coalesce",
-    exp.Nullif: "nullif",
-    exp.Abs: "abs",
-    exp.Round: "round",
-    exp.Greatest: "greatest",
-    exp.Least: "least",
-    exp.CurrentTimestamp: "now",
-}
 # Functions of this language that sqlglot leaves anonymous; each takes one column.
 OWN_FUNCTIONS = ("changed", "cardinality")
 CONDITIONS: tuple[type[exp.Expression], ...] = (

@@ -7,7 +7,7 @@ with the target filled in and a ``TargetScope`` (``member``), so it keeps its ow
 validators and run records (under ``<fleet>[<target>]``), and its snapshot compares, counts
 and deletes its own rows only; it shares the fleet's lock and payload fields. Targets are the
 file's list, or the first column of a query over synced tables, which only a run reads
-(``pipeline/fleet.py``).
+(``pipeline/triggers/fleet_assets.py``).
 """
 
 from __future__ import annotations

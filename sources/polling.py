@@ -1,8 +1,9 @@
 """How a source is polled besides its interval: the adaptive envelope's bounds, and when to stop.
 
 Settings only, validated once with the rest of the file. The rules that use them are
-``pipeline/envelope.py`` (when to probe next) and ``pipeline/probing.py`` (the sensor's
-decisions, pauses included); a pause is kept in the Dagster instance (``pipeline/pauses.py``).
+``pipeline/polling/adaptive_envelope.py`` (when to probe next) and
+``pipeline/polling/probe_decisions.py`` (the sensor's decisions, pauses included); a pause is kept
+in the Dagster instance (``pipeline/polling/source_pauses.py``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Cheap change probes: did a source change upstream since the last probe, for one request?
 
-Where it sits: beside the sources, before any sync. The sync sensor (pipeline/probing.py)
-probes each source at its interval and starts a sync run only when the answer is "changed"
-(or unknown), so a poll that finds nothing costs one HTTP request, not a run.
+Where it sits: beside the sources, before any sync. The sync sensor
+(pipeline/polling/probe_decisions.py) probes each source at its interval and starts a sync run only
+when the answer is "changed" (or unknown), so a poll that finds nothing costs one HTTP request, not
+a run.
 
 Each source type says which first-page requests tell its changes (``sources/<type>/probe.py``);
 this module sends them with the source's own HTTP policy (``sources.http``: limits, redirect

@@ -3,8 +3,8 @@
 Where it sits: in the config of a source that covers many similar targets (``for_each`` of a
 ``rest`` source, ``repos``/``repos_query`` of a ``github`` source marked ``fleet``). The
 expansion of a fleet into one sync per target is ``sources/fleet.py``; a query's targets are
-read inside a run (``pipeline/fleet.py``), never while the file loads or in a sensor (a DuckDB
-warehouse may be held by a run).
+read inside a run (``pipeline/triggers/fleet_assets.py``), never while the file loads or in a sensor
+(a DuckDB warehouse may be held by a run).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A source's ``webhook:`` settings: where its provider POSTs change events, how they are signed.
 
-The receiver (pipeline/receiver.py) verifies each delivery with these settings and keeps it in
-the webhook inbox; a sensor then syncs the source, through the same path as any sync. With a
-webhook the source is still polled, as reconciliation, every ``reconcile`` instead of every
-``interval`` (pipeline/webhook_sensor.py).
+The receiver (pipeline/webhooks/webhook_receiver.py) verifies each delivery with these settings and
+keeps it in the webhook inbox; a sensor then syncs the source, through the same path as any sync.
+With a webhook the source is still polled, as reconciliation, every ``reconcile`` instead of every
+``interval`` (pipeline/triggers/webhook_sensor.py).
 """
 
 from __future__ import annotations

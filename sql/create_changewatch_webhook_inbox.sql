@@ -1,4 +1,4 @@
--- PostgreSQL: the webhook inbox (pipeline/inbox_postgres.py) when several hosts share it, in
+-- PostgreSQL: the webhook inbox (pipeline/webhooks/webhook_inbox_postgres.py) when several hosts share it, in
 -- Dagster's own database by default. The same columns as the SQLite file's webhook_inbox.
 -- UNIQUE (source, delivery_id): a provider's retry of a stored delivery adds nothing.
 -- An identity column's sequence is never reused after pruning, so the sensor's cursor (the

@@ -1,4 +1,4 @@
--- SQLite: the webhook inbox (pipeline/inbox.py), a file of its own, never the warehouse: a DuckDB
+-- SQLite: the webhook inbox (pipeline/webhooks/webhook_inbox.py), a file of its own, never the warehouse: a DuckDB
 -- warehouse admits one writing process and runs hold it, while the receiver must answer at once.
 -- UNIQUE (source, delivery_id): a provider's retry of a stored delivery adds nothing.
 -- AUTOINCREMENT: a seq is never reused after pruning, so the sensor's cursor (the last seq it

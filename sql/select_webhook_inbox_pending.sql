@@ -1,4 +1,4 @@
--- SQLite (pipeline/inbox.py). Deliveries after the sensor's cursor that no sync has covered yet,
+-- SQLite (pipeline/webhooks/webhook_inbox.py). Deliveries after the sensor's cursor that no sync has covered yet,
 -- oldest first and bounded, so one tick stays cheap however many arrived.
 SELECT seq, source, delivery_id
 FROM webhook_inbox

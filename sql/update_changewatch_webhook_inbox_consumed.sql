@@ -1,4 +1,4 @@
--- PostgreSQL (pipeline/inbox_postgres.py). After a sync of the source committed: the
+-- PostgreSQL (pipeline/webhooks/webhook_inbox_postgres.py). After a sync of the source committed: the
 -- deliveries it covered (received before it began) are done. Only the first sync marks one;
 -- the count says how many this one marked.
 WITH marked AS (

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from changewatch.evaluators.config import JudgeConfig
 from changewatch.evaluators.evals import ExamplesFile
-from changewatch.pipeline.cli import _parser
-from changewatch.pipeline.config import ChangewatchConfig, load_config
+from changewatch.pipeline.cli.command_line import _parser
+from changewatch.pipeline.project.watches_file import ChangewatchConfig, load_config
 from changewatch.sources import SourceConfig
 from cw_testing import REPO
 from pydantic import BaseModel, TypeAdapter

@@ -1,8 +1,8 @@
 """The ``poll_schedule`` table: each interval source's polling as the sync sensor decided it.
 
-Where it sits: the sensor decides (pipeline/probing.py) and passes its decision in a run tag
-(pipeline/poll_schedule.py); the run writes it here, so the schedule is visible in SQL. Rows
-carry the time of their decision and only a newer one replaces them.
+Where it sits: the sensor decides (pipeline/polling/probe_decisions.py) and passes its decision in a
+run tag (pipeline/polling/poll_schedule.py); the run writes it here, so the schedule is visible in
+SQL. Rows carry the time of their decision and only a newer one replaces them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 import sqlglot
-from changewatch.evaluators.filters import FUNCTIONS as FILTER_FUNCTIONS
+from changewatch.warehouse.sql_functions import FUNCTIONS as FILTER_FUNCTIONS
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError
 

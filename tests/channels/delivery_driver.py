@@ -13,7 +13,7 @@ from datetime import timedelta
 
 from changewatch.channels.config import ChannelConfig
 from changewatch.channels.outbox import DeliveryPolicy, deliver_due
-from changewatch.pipeline.cli import summarize
+from changewatch.pipeline.cli.command_line import summarize
 from changewatch.warehouse import connect
 from pydantic import TypeAdapter
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from changewatch.channels.outbox import DeliveryPolicy
-from changewatch.pipeline.config import ConfigError, load_config
+from changewatch.pipeline.project.watches_file import ConfigError, load_config
 
 HOOK = """
 channels:

@@ -20,21 +20,21 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.cli import main
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, paused_reasons
-from changewatch.pipeline.poll_schedule import (
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.cli.command_line import main
+from changewatch.pipeline.definitions.build_definitions import build_definitions, run_selections
+from changewatch.pipeline.polling.poll_schedule import (
     POLL_SCHEDULE_JOB,
     POLL_TAG,
     merged_tag,
     rows_of,
     schedule_tag,
 )
-from changewatch.pipeline.probing import Schedule, load_cursor
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import SYNC_JOB, TRIGGER_TAG, sync_sensor
-from changewatch.pipeline.wiring import build_definitions, run_selections
+from changewatch.pipeline.polling.probe_decisions import Schedule, load_cursor
+from changewatch.pipeline.polling.source_pauses import NOT_PAUSED_CHECK, paused_reasons
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import SYNC_JOB, TRIGGER_TAG, sync_sensor
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.sources.ratelimit import RateLimits
@@ -421,7 +421,7 @@ def test_the_schedule_tag_reads_as_words_and_back() -> None:
 
 
 def test_each_target_of_a_fleet_keeps_its_own_envelope(tmp_path, instance, clients):
-    from changewatch.pipeline.fleet import fleet_sensor
+    from changewatch.pipeline.triggers.fleet_assets import fleet_sensor
 
     repos = ["acme/widgets", "acme/gadgets"]
     trackers = [DemoTracker(issues=6, seed=s, repo=r) for s, r in zip((1, 2), repos, strict=True)]

@@ -494,7 +494,7 @@ def test_version_and_help_need_no_heavy_imports(tmp_path: Path) -> None:
     assert done.returncode == 0 and done.stdout == f"changewatch {version('changewatch')}\n"
     probe = (
         "import sys\n"
-        "from changewatch.pipeline.cli import main\n"
+        "from changewatch.pipeline.cli.command_line import main\n"
         "try:\n"
         "    main(sys.argv[1:])\n"
         "except SystemExit:\n"
@@ -512,7 +512,7 @@ def test_version_and_help_need_no_heavy_imports(tmp_path: Path) -> None:
 def test_every_argument_of_every_command_has_help() -> None:
     import argparse
 
-    from changewatch.pipeline.cli import _parser
+    from changewatch.pipeline.cli.command_line import _parser
 
     parser = _parser()
     [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -18,7 +18,7 @@ import pytest
 from cw_testing import REPO
 
 DEFS_YAML = """\
-type: changewatch.pipeline.component.ChangewatchComponent
+type: changewatch.pipeline.definitions.dagster_component.ChangewatchComponent
 attributes:
   config_path: watches.yaml
 """

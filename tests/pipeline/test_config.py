@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from changewatch.pipeline.config import ConfigError, load_config
+from changewatch.pipeline.project.watches_file import ConfigError, load_config
 
 CONFIGS = Path(__file__).parent / "configs"
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +137,7 @@ def test_example_config_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_validate_names_an_unset_webhook_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from changewatch.pipeline.cli import main
+    from changewatch.pipeline.cli.command_line import main
 
     path = tmp_path / "watches.yaml"
     text = (CONFIGS / "wrong_type.yaml").read_text().replace("every now and then", "60")

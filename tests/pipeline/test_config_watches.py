@@ -7,7 +7,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from changewatch.evaluators import local_model
-from changewatch.pipeline.config import ConfigError, load_config
+from changewatch.pipeline.project.watches_file import ConfigError, load_config
 
 SOURCE = """\
 version: 1
@@ -180,8 +180,8 @@ channels:
 
 
 def test_a_reconciled_source_gets_a_sweep_schedule(tmp_path: Path) -> None:
-    from changewatch.pipeline.assets import FULL_TAG
-    from changewatch.pipeline.wiring import build_definitions
+    from changewatch.pipeline.assets.sync_assets import FULL_TAG
+    from changewatch.pipeline.definitions.build_definitions import build_definitions
 
     path = tmp_path / "watches.yaml"
     path.write_text(
@@ -228,7 +228,7 @@ def test_broken_templates_fail_at_load(tmp_path: Path) -> None:
 def test_retention_gets_an_asset_and_a_schedule_and_bad_settings_are_named(
     tmp_path: Path,
 ) -> None:
-    from changewatch.pipeline.wiring import build_definitions
+    from changewatch.pipeline.definitions.build_definitions import build_definitions
 
     path = write(tmp_path, "retention:\n  changes: 90d\n  sync_runs: 30d\n  cron: '0 4 * * *'\n")
     config = load_config(path)
@@ -327,8 +327,8 @@ channels: []
 def test_debounce_is_a_duration_and_brings_a_delivery_schedule(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from changewatch.pipeline.sensors import DEBOUNCE_SCHEDULE
-    from changewatch.pipeline.wiring import DELIVER_JOB, build_definitions
+    from changewatch.pipeline.definitions.build_definitions import DELIVER_JOB, build_definitions
+    from changewatch.pipeline.triggers.sync_sensors import DEBOUNCE_SCHEDULE
 
     watch = "watches:\n  - name: flappy\n    source: demo_issues\n    debounce: {}\n"
     for value, why in [("soon", "'soon' is not a duration"), ("0", "must be a positive")]:

@@ -19,12 +19,12 @@ import dagster as dg
 import psycopg2
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.assets.watch_assets import NOTIFICATIONS_ASSET
+from changewatch.pipeline.cli.in_process_runs import source_job_assets
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.warehouse import connect
 from dagster._core.run_coordinator import QueuedRunCoordinator
 

@@ -16,13 +16,26 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG, WAREHOUSE_POOL
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV, JudgeResource, WarehouseResource
-from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.sensors import DEMO_SENSOR, SYNC_JOB, SYNC_SENSOR, sync_job_name
-from changewatch.pipeline.watch_assets import NOTIFICATIONS_ASSET, WATCH_TAG, evaluation_asset_name
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG, WAREHOUSE_POOL
+from changewatch.pipeline.assets.watch_assets import (
+    NOTIFICATIONS_ASSET,
+    WATCH_TAG,
+    evaluation_asset_name,
+)
+from changewatch.pipeline.cli.in_process_runs import source_job_assets
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import (
+    WAREHOUSE_URL_ENV,
+    JudgeResource,
+    WarehouseResource,
+)
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import (
+    DEMO_SENSOR,
+    SYNC_JOB,
+    SYNC_SENSOR,
+    sync_job_name,
+)
 from changewatch.warehouse import DEFAULT_URL
 from patience import run
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import materialize, source_job_assets
+from changewatch.pipeline.cli.in_process_runs import materialize, source_job_assets
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import REPO

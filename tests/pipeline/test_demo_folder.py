@@ -144,7 +144,7 @@ def test_demo_runs_from_an_empty_folder_after_installing_the_wheel(
             "-S",
             "-c",
             "import sys; sys.path[:0] = sys.argv[1].split(sys.argv[2]); "
-            "import changewatch.pipeline.cli as cli; "
+            "import changewatch.pipeline.cli.command_line as cli; "
             "assert cli.__file__.startswith(sys.argv[3]), cli.__file__; "
             "raise SystemExit(cli.main(sys.argv[4:]))",
             path,
@@ -167,10 +167,11 @@ def test_demo_runs_from_an_empty_folder_after_installing_the_wheel(
     assert "digest_daily: written" in done.stdout
     with duckdb.connect(str(empty / ".changewatch" / "warehouse.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM issues").fetchone() == (12,)
-    assert "DAGSTER_HOME=$PWD dagster dev -m changewatch.pipeline.definitions" in done.stdout
+    command = "DAGSTER_HOME=$PWD dagster dev -m changewatch.pipeline.definitions.code_location"
+    assert command in done.stdout
 
 
 def test_shipped_demo_files_are_the_repositorys() -> None:
     for name in ("watches.yaml", "dagster.yaml"):
-        shipped = REPO / "pipeline" / "demo_files" / name
+        shipped = REPO / "pipeline" / "cli" / "demo_files" / name
         assert shipped.read_text() == (REPO / name).read_text(), f"copy {name} to {shipped}"

@@ -12,8 +12,8 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 from changewatch.channels.config import DigestConfig
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.watch_assets import digest_partitions
+from changewatch.pipeline.assets.watch_assets import digest_partitions
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings
 from dagster import DagsterInstance, DagsterRunStatus
@@ -56,7 +56,7 @@ def test_start_is_read_from_the_watches_file(tmp_path: Path) -> None:
 
 
 def test_a_day_by_hand_is_the_window_of_its_partition() -> None:
-    from changewatch.pipeline.digests import day_window
+    from changewatch.pipeline.cli.digest_command import day_window
 
     digest = DigestConfig(
         name="d", watches=["w"], output_dir="out", timezone="Europe/Berlin", start=date(2026, 3, 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from changewatch.pipeline.cli import main
+from changewatch.pipeline.cli.command_line import main
 from cw_testing import REPO
 from openai_server import FakeOpenAIServer, Reply, Request
 from patience import reaped, wait_working

@@ -13,20 +13,20 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.cli import summarize
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.errors import ConfigError, RunFailed
-from changewatch.pipeline.fleet import (
+from changewatch.pipeline.cli.command_line import summarize
+from changewatch.pipeline.cli.in_process_runs import sync_source
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.expected_errors import ConfigError, RunFailed
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.fleet_assets import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     TARGETS_CHECK,
     TARGETS_TAG,
     fleet_sensor,
 )
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import sync_source
-from changewatch.pipeline.sensors import SYNC_JOB, TRIGGER_TAG
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.triggers.sync_sensors import SYNC_JOB, TRIGGER_TAG
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
 

@@ -16,14 +16,14 @@ import dagster as dg
 import httpx
 import pytest
 import yaml
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.inbox import DAGSTER_PG_ENV, INBOX_ENV, Inbox, open_inbox
-from changewatch.pipeline.inbox_postgres import PostgresInbox
-from changewatch.pipeline.receiver import WebhookReceiver
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import SYNC_JOB
-from changewatch.pipeline.webhook_sensor import WEBHOOK_SENSOR
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import SYNC_JOB
+from changewatch.pipeline.triggers.webhook_sensor import WEBHOOK_SENSOR
+from changewatch.pipeline.webhooks.webhook_inbox import DAGSTER_PG_ENV, INBOX_ENV, Inbox, open_inbox
+from changewatch.pipeline.webhooks.webhook_inbox_postgres import PostgresInbox
+from changewatch.pipeline.webhooks.webhook_receiver import WebhookReceiver
 from changewatch.sources.demo import DemoAPIServer
 from cw_testing import PG_URL, demo_source_settings, fresh_database
 

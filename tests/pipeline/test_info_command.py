@@ -15,7 +15,7 @@ HEAVY = {"dagster", "polars", "duckdb", "pyarrow", "openai", "sqlglot", "pydanti
 # Runs `changewatch info` in a fresh interpreter, then prints the heavy packages it imported.
 PROBE = (
     "import sys\n"
-    "from changewatch.pipeline.cli import main\n"
+    "from changewatch.pipeline.cli.command_line import main\n"
     "code = main(sys.argv[1:])\n"
     f"heavy = {sorted(HEAVY)!r}\n"
     "print(sorted(set(heavy) & {m.split('.')[0] for m in sys.modules}), file=sys.stderr)\n"
@@ -66,8 +66,8 @@ def test_the_commands_name_the_instance_as_info_does(
 ) -> None:
     """`info` opens no instance; the line it prints is the one the running commands print
     from the instance they really open."""
-    from changewatch.pipeline.locations import dagster_home, locations_line
-    from changewatch.pipeline.runner import instance, locations
+    from changewatch.pipeline.cli.in_process_runs import instance, locations
+    from changewatch.pipeline.project.storage_paths import dagster_home, locations_line
 
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     monkeypatch.chdir(tmp_path)

@@ -9,11 +9,11 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.cli import summarize
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.watch_assets import HELD_CHECK, JUDGE_CHECK
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.watch_assets import HELD_CHECK, JUDGE_CHECK
+from changewatch.pipeline.cli.command_line import summarize
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings

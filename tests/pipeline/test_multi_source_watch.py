@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from changewatch.pipeline.watch_assets import EVALUATED_CHECK
+from changewatch.pipeline.assets.watch_assets import EVALUATED_CHECK
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings

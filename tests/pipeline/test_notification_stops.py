@@ -16,13 +16,13 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.cli import main
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.pauses import NOT_PAUSED_CHECK, paused_reasons
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import SYNC_JOB
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.cli.command_line import main
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.polling.source_pauses import NOT_PAUSED_CHECK, paused_reasons
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import SYNC_JOB
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import yaml
-from changewatch.pipeline.config import ConfigError, load_config
-from changewatch.pipeline.fleet import FLEET_SENSOR
-from changewatch.pipeline.sensors import SYNC_SENSOR
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.watches_file import ConfigError, load_config
+from changewatch.pipeline.triggers.fleet_assets import FLEET_SENSOR
+from changewatch.pipeline.triggers.sync_sensors import SYNC_SENSOR
 
 
 def source(name: str = "alpha", **settings: Any) -> dict[str, Any]:

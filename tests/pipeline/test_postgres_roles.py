@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import adbc_driver_postgresql.dbapi as adbc
 import pytest
-from changewatch.pipeline.query import run_query
+from changewatch.pipeline.cli.sql_command import run_query
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.warehouse import connect

@@ -18,12 +18,21 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import BATCH_TAG, SYNC_SENSOR, TRIGGER_TAG, sync_sensor
-from changewatch.pipeline.timing import due_slot
-from changewatch.pipeline.wiring import SYNC_JOB, build_definitions, run_selections
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.definitions.build_definitions import (
+    SYNC_JOB,
+    build_definitions,
+    run_selections,
+)
+from changewatch.pipeline.polling.poll_slots import due_slot
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import (
+    BATCH_TAG,
+    SYNC_SENSOR,
+    TRIGGER_TAG,
+    sync_sensor,
+)
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.sources.probe import ProbeClients
 from changewatch.warehouse import connect

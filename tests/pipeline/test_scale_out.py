@@ -34,7 +34,7 @@ import httpx
 import psycopg2
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
 from changewatch.warehouse.schema import ensure_bookkeeping
@@ -49,7 +49,8 @@ pytestmark = [pytest.mark.heavy, pytest.mark.e2e]  # e2e: run by `pytest -m e2e`
 SOURCES = [f"tracker_{i}" for i in range(8)]
 BIN = Path(sys.executable).parent
 CHANGEWATCH = BIN / "changewatch"
-# The sync sensor's minimum interval (pipeline/sensors.py): the daemon's first tick may wait it.
+# The sync sensor's minimum interval (pipeline/triggers/sync_sensors.py): the daemon's first tick
+# may wait it.
 SENSOR_INTERVAL_S = 30
 
 
@@ -438,7 +439,7 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
     monkeypatch.setenv("DAGSTER_PG_URL", dagster_db)
 
     with dg.DagsterInstance.get() as instance:
-        # Dagster's PostgreSQL storages (pooled: pipeline/pg_storage.py).
+        # Dagster's PostgreSQL storages (pooled: pipeline/definitions/postgres_storage.py).
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
         assert isinstance(instance.schedule_storage, PostgresScheduleStorage)

@@ -1,9 +1,9 @@
 """The sync sensor: one run key per source and slot, evaluated by hand and by the real daemon.
 
 The first tests drive the sensor factory with a controllable clock. The daemon test loads the
-code location from pipeline/definitions.py (in a real gRPC code server) against a real SQLite
-instance configured with the project's dagster.yaml `concurrency` block, ticks the sensor with
-Dagster's sensor daemon and launches the queued runs with the queued-run-coordinator daemon,
+code location from pipeline/definitions/code_location.py (in a real gRPC code server) against a real
+SQLite instance configured with the project's dagster.yaml `concurrency` block, ticks the sensor
+with Dagster's sensor daemon and launches the queued runs with the queued-run-coordinator daemon,
 which runs them in real subprocesses against the demo API and a DuckDB warehouse.
 """
 
@@ -22,13 +22,18 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.runner import source_job_assets
-from changewatch.pipeline.sensors import SYNC_JOB, SYNC_SENSOR, sync_job_name, sync_sensor
-from changewatch.pipeline.timing import jitter_offset
-from changewatch.pipeline.wiring import build_definitions, run_selections
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.cli.in_process_runs import source_job_assets
+from changewatch.pipeline.definitions.build_definitions import build_definitions, run_selections
+from changewatch.pipeline.polling.poll_slots import jitter_offset
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
+from changewatch.pipeline.triggers.sync_sensors import (
+    SYNC_JOB,
+    SYNC_SENSOR,
+    sync_job_name,
+    sync_sensor,
+)
 from changewatch.sources.base import ProbeSettings
 from changewatch.warehouse import connect
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
@@ -245,10 +250,10 @@ def launch_queued(workspace) -> None:
 @contextmanager
 def daemon_workspace() -> Iterator[tuple[dg.DagsterInstance, object]]:
     """A test instance with the project's concurrency settings, and a daemon workspace that
-    loads the code location from pipeline/definitions.py as `dagster dev` would."""
+    loads the code location from pipeline/definitions/code_location.py as `dagster dev` would."""
     project = yaml.safe_load((REPO / "dagster.yaml").read_text(encoding="utf-8"))
     target = PythonFileTarget(
-        python_file=str(REPO / "pipeline" / "definitions.py"),
+        python_file=str(REPO / "pipeline" / "definitions" / "code_location.py"),
         attribute=None,
         working_directory=str(REPO),
         location_name="changewatch",

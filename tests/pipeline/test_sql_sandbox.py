@@ -17,8 +17,8 @@ import adbc_driver_postgresql.dbapi as adbc
 import duckdb
 import pytest
 import yaml
-from changewatch.pipeline.errors import UsageError
-from changewatch.pipeline.query import QueryTimeout, run_query
+from changewatch.pipeline.cli.sql_command import QueryTimeout, run_query
+from changewatch.pipeline.project.expected_errors import UsageError
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.sources.rest import RestSource, RestSourceConfig
 from changewatch.warehouse import connect

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from changewatch.pipeline.assets import STORM_CHECK
-from changewatch.pipeline.cli import main as cli
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import STORM_CHECK
+from changewatch.pipeline.cli.command_line import main as cli
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from cw_testing import PG_URL
 

@@ -15,10 +15,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import pytest
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.normalize import HASH_COLUMN
 from changewatch.warehouse import connect
 

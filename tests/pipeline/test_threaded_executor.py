@@ -17,10 +17,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.threaded_executor import threaded_executor, threads_from_env
-from changewatch.pipeline.wiring import SYNC_JOB, build_definitions
+from changewatch.pipeline.definitions.build_definitions import SYNC_JOB, build_definitions
+from changewatch.pipeline.definitions.threaded_executor import (
+    threaded_executor,
+    threads_from_env,
+)
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
 from cw_testing import PG_URL

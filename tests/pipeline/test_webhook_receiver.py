@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from changewatch.pipeline.inbox import Inbox
-from changewatch.pipeline.receiver import WebhookReceiver, WebhookSetupError
-from changewatch.pipeline.webhook_signatures import SignatureError, signing_key, verify
+from changewatch.channels.webhook_signatures import SignatureError, signing_key, verify
+from changewatch.pipeline.webhooks.webhook_inbox import Inbox
+from changewatch.pipeline.webhooks.webhook_receiver import WebhookReceiver, WebhookSetupError
 from changewatch.sources import SourceBase
 from pydantic import TypeAdapter
 from standardwebhooks.webhooks import Webhook

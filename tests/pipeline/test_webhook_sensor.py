@@ -19,15 +19,15 @@ import dagster as dg
 import httpx
 import pytest
 import yaml
-from changewatch.pipeline.assets import SOURCE_TAG
-from changewatch.pipeline.config import ConfigError, load_config
-from changewatch.pipeline.inbox import INBOX_ENV, Inbox
-from changewatch.pipeline.receiver import WebhookReceiver
-from changewatch.pipeline.resources import WAREHOUSE_URL_ENV
-from changewatch.pipeline.sensors import SYNC_JOB, SYNC_SENSOR, TRIGGER_TAG
-from changewatch.pipeline.timing import due_slot
-from changewatch.pipeline.webhook_sensor import DELIVERIES_TAG, WEBHOOK_SENSOR
-from changewatch.pipeline.wiring import build_definitions
+from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.definitions.build_definitions import build_definitions
+from changewatch.pipeline.polling.poll_slots import due_slot
+from changewatch.pipeline.project.warehouse_resource import WAREHOUSE_URL_ENV
+from changewatch.pipeline.project.watches_file import ConfigError, load_config
+from changewatch.pipeline.triggers.sync_sensors import SYNC_JOB, SYNC_SENSOR, TRIGGER_TAG
+from changewatch.pipeline.triggers.webhook_sensor import DELIVERIES_TAG, WEBHOOK_SENSOR
+from changewatch.pipeline.webhooks.webhook_inbox import INBOX_ENV, Inbox
+from changewatch.pipeline.webhooks.webhook_receiver import WebhookReceiver
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
 from cw_testing import demo_source_settings

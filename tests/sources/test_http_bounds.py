@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from apiserver import Received
-from changewatch.pipeline.config import load_config
-from changewatch.pipeline.errors import ConfigError
+from changewatch.pipeline.project.expected_errors import ConfigError
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources.errors import FetchError, LimitExceeded, RateLimited
 from changewatch.sources.feed import build_feed_source
 from changewatch.sources.github import build_github_source

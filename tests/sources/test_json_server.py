@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import polars as pl
 import pytest
-from changewatch.pipeline.config import load_config
+from changewatch.pipeline.project.watches_file import load_config
 from changewatch.sources import build_source
 from changewatch.sources.rest import RestSource
 from changewatch.warehouse import connect

@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import pytest
 from apiserver import ApiServer, Reply
-from changewatch.pipeline.assets import sync_asset
-from changewatch.pipeline.resources import WarehouseResource
+from changewatch.pipeline.assets.sync_assets import sync_asset
+from changewatch.pipeline.project.warehouse_resource import WarehouseResource
 from changewatch.sources.rest import RestSourceConfig, build_rest_source
 from changewatch.warehouse import connect
 from changewatch.warehouse.sync import run_sync
