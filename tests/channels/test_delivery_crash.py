@@ -188,6 +188,7 @@ def outbox_ids(url: str) -> set[str]:
         return {i for (i,) in wh.fetch("SELECT notification_id FROM outbox")}
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_webhook_delivery_loses_none_and_repeats_at_most_one_per_kill(
     warehouse_url: str, demo_api: DemoAPIServer, webhook_hold: tuple[Hold, str]
 ) -> None:
@@ -208,6 +209,7 @@ def test_kill_9_during_webhook_delivery_loses_none_and_repeats_at_most_one_per_k
     assert "1 requeued after a crash" in last, last
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_email_delivery_sends_none_twice_and_loses_at_most_one_per_kill(
     warehouse_url: str, demo_api: DemoAPIServer, smtp_hold: tuple[Hold, int]
 ) -> None:
@@ -274,6 +276,7 @@ def test_a_file_batch_cut_short_after_its_write_is_not_written_twice(
     assert sorted(statuses(warehouse_url)) == [("log", "sent", 1)] + [("log", "sent", 2)] * 5
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_file_delivery_writes_each_line_once(
     warehouse_url: str, demo_api: DemoAPIServer, tmp_path: Path
 ) -> None:
