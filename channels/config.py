@@ -87,7 +87,7 @@ class EmailChannelConfig(_Model):
     )
     from_address: EmailAddress = Field(alias="from", description="The sender's address.")
     to: list[EmailAddress] = Field(min_length=1, description="The recipients.")
-    timeout: float = Field(default=30.0, gt=0, description="Longest one send may take.")
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one send may take at most.")
     # A PEM bundle of CAs to trust for the server's certificate instead of the system's (a
     # private relay, a test server with a self-signed certificate). Not a secret.
     ca_file: str | None = Field(
@@ -115,7 +115,7 @@ class WebhookChannelConfig(_Model):
             "unsigned."
         ),
     )
-    timeout: float = Field(default=10.0, gt=0, description="Longest one POST may take.")
+    timeout: float = Field(default=10.0, gt=0, description="Seconds one POST may take at most.")
 
     @field_validator("url")
     @classmethod
@@ -142,7 +142,7 @@ class AppriseChannelConfig(_Model):
     url_env: EnvVarName = Field(
         description="The environment variable holding the Apprise URL (it embeds tokens)."
     )
-    timeout: float = Field(default=30.0, gt=0, description="Longest one send may take.")
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one send may take at most.")
 
     def env_vars(self) -> list[str]:
         return [self.url_env]

@@ -185,6 +185,8 @@ def _default_text(field: FieldInfo) -> str:
         return f"`{format_size(value)}`"
     if isinstance(value, list | dict) and not value:
         return "empty"
+    if _type_text(field).startswith("duration"):
+        return f"`{value:g}s`"
     return f"`{value:g}`" if isinstance(value, float) else f"`{value}`"
 
 

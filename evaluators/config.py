@@ -41,7 +41,7 @@ class NextJudge(_Model):
     api_key_env: EnvVarName | None = Field(
         default=None, description="The environment variable holding the endpoint's API key."
     )
-    timeout: float = Field(default=30.0, gt=0, description="Longest one request may take.")
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one request may take at most.")
     context_tokens: int | None = Field(
         default=None,
         ge=1024,
@@ -108,7 +108,7 @@ class JudgeConfig(_Model):
             "When the judge cannot answer: `hold` for the next run, `notify` anyway, or `drop`."
         ),
     )
-    timeout: float = Field(default=30.0, gt=0, description="Longest one request may take.")
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one request may take at most.")
     # The model's context window in tokens, prompt and answer together: a change whose prompt
     # would not fit has its longest values cut (evaluators/prompt_fit.py), and its verdict's
     # reasoning says so. Default: the local model's own (4096); 8192 for any other model
