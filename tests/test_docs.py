@@ -60,7 +60,8 @@ def test_the_site_builds_in_strict_mode_with_its_generated_pages(tmp_path: Path)
 def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     project = tmp_path / "project"
     shutil.copytree(REPO / "docs", project / "docs", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(REPO / "mkdocs.yml", project / "mkdocs.yml")
+    for name in ("mkdocs.yml", "ARCHITECTURE.md"):  # the hook reads the second
+        shutil.copy(REPO / name, project / name)
     with (project / "docs" / "sql.md").open("a") as page:
         page.write("\nSee [the tables](no-such-page.md).\n")
     done = build(project, tmp_path / "site")
