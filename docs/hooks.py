@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -46,6 +47,28 @@ def on_files(files: Any, config: Any) -> Any:
     architecture = Path(config.config_file_path).parent / "ARCHITECTURE.md"
     files.append(File.generated(config, ARCHITECTURE_PAGE, content=architecture.read_text()))
     return files
+
+
+# Pages may point at the repository's own files (`[sources/http.py](../sources/http.py)`),
+# which are not pages of the site. A link to a file that exists becomes its path in code type;
+# one to a file that does not is left alone, so the strict build still fails on it.
+_REPO_LINK = re.compile(r"\[([^\]]+)\]\((\.\./[^)#\s]+)\)")
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Links from a page to repository files outside docs/: their paths, in code type."""
+    docs = Path(config.docs_dir).resolve()
+    repo = Path(config.config_file_path).resolve().parent
+    here = (docs / page.file.src_path).parent
+
+    def plain(match: re.Match[str]) -> str:
+        target = (here / match.group(2)).resolve()
+        if target.is_relative_to(docs) or not target.is_relative_to(repo) or not target.exists():
+            return match.group(0)
+        text, path = match.group(1), target.relative_to(repo).as_posix()
+        return text if text.strip("`") == path else f"{text} (`{path}`)"
+
+    return _REPO_LINK.sub(plain, markdown)
 
 
 # --- the watches file ------------------------------------------------------------------------

@@ -183,3 +183,18 @@ def test_the_hook_docstring_examples() -> None:
     import doctest
 
     assert doctest.testmod(hooks()).failed == 0
+
+
+def test_links_to_repository_files_become_their_paths_unless_missing() -> None:
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(docs_dir=str(REPO / "docs"), config_file_path=str(REPO / "mkdocs.yml"))
+    page = SimpleNamespace(file=SimpleNamespace(src_path="security.md"))
+    text = (
+        "See [the HTTP policy](../sources/http.py), [`sources/http.py`](../sources/http.py), "
+        "[gone](../pipeline/receiver.py) and [SQL](sql.md)."
+    )
+    assert hooks().on_page_markdown(text, page, config, None) == (
+        "See the HTTP policy (`sources/http.py`), `sources/http.py`, "
+        "[gone](../pipeline/receiver.py) and [SQL](sql.md)."
+    )
