@@ -19,7 +19,7 @@ import polars as pl
 import pytest
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
-from patience import reaped
+from patience import reaped, run
 
 # Minutes of subprocesses: started first (see tests/conftest.py).
 pytestmark = [pytest.mark.heavy, pytest.mark.e2e]  # e2e: run by `pytest -m e2e`
@@ -33,7 +33,9 @@ SYNC = [sys.executable, "-m", "changewatch.pipeline.cli", "sync", "demo_issues"]
 
 
 def sync_to_end(env: dict[str, str], cwd: Path) -> None:
-    done = subprocess.run(SYNC, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    # Waits while the sync works, not a fixed 180 s: on a loaded machine (load 35 on 2 cores)
+    # the first sync of 30,000 issues ran past 180 s and was killed mid-way.
+    done = run(SYNC, cwd=cwd, env=env, what="the sync to the end")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
