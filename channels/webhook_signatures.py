@@ -2,8 +2,9 @@
 
 Three schemes, each an HMAC-SHA256 over the raw body compared in constant time:
 
-- ``github``: ``X-Hub-Signature-256: sha256=<hex>`` keyed with the secret as given; the
-  delivery id is ``X-GitHub-Delivery``, the event ``X-GitHub-Event``.
+- ``github``: ``X-Hub-Signature-256: sha256=<hex>`` keyed with the secret as given (the
+  prefix required, as GitHub always sends it); the delivery id is ``X-GitHub-Delivery``, the
+  event ``X-GitHub-Event``.
 - ``standard`` (Standard Webhooks): ``webhook-signature: v1,<base64> [v1,<base64>...]`` over
   ``{webhook-id}.{webhook-timestamp}.{body}``, keyed with the base64 part of a ``whsec_``
   secret; a timestamp further than the tolerance from the clock is refused (a replay).
@@ -84,7 +85,9 @@ def verify(
     changewatch.channels.webhook_signatures.SignatureError: the signature does not match
     """
     if provider == "github":
-        _check_hex(key, body, headers.get("x-hub-signature-256"), "X-Hub-Signature-256")
+        _check_hex(
+            key, body, headers.get("x-hub-signature-256"), "X-Hub-Signature-256", prefix=True
+        )
         return Verified(
             _delivery_id(headers.get("x-github-delivery")), headers.get("x-github-event")
         )
@@ -99,10 +102,17 @@ def verify(
     raise ValueError(f"unknown webhook provider {provider!r}")
 
 
-def _check_hex(key: bytes, body: bytes, given: str | None, header: str) -> None:
+def _check_hex(
+    key: bytes, body: bytes, given: str | None, header: str, *, prefix: bool = False
+) -> None:
+    """``given`` is the hex HMAC of ``body``; with ``prefix`` it must read ``sha256=<hex>``."""
     if not given:
         raise SignatureError(f"no {header} header")
-    given = given.strip().removeprefix("sha256=")
+    given = given.strip()
+    if prefix and not given.startswith("sha256="):
+        # A bare digest is not what GitHub sends: whatever produced it is not GitHub.
+        raise SignatureError(f"{header} does not start with sha256=")
+    given = given.removeprefix("sha256=")
     expected = hmac.new(key, body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected.encode(), given.lower().encode("ascii", "replace")):
         raise SignatureError("the signature does not match")

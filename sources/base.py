@@ -295,13 +295,37 @@ class SourceBase(BaseModel):
         description="Longest the whole walk of a sync may take (pages, retries, rate-limit waits).",
     )
     # The largest value (a string's UTF-8 bytes, anything else as JSON text) a record may
-    # carry. Normalizing a document takes DuckDB some 20 times its size in memory, so a sync
-    # refuses one value past this, naming source, record and field, instead of running out.
+    # carry. Normalizing a document takes DuckDB 19 (text) to 35 (a json column) times its size
+    # in memory, so a sync refuses one value past this, naming source, record and field,
+    # instead of running out. 32 MiB: what a sync stores within about 0.75 GiB of RSS on both
+    # backends (bench/bench_big_values.py); 64 MiB of json needed over 2 GB.
     max_value_bytes: ByteSize = Field(
-        default=64 << 20,
+        default=32 << 20,
         ge=1,
         description=(
             "Largest single value a record may carry (a string's UTF-8 bytes, else its JSON)."
+        ),
+    )
+    on_bad_record: Literal["fail", "skip"] = Field(
+        default="fail",
+        description=(
+            "What a sync does with a record it cannot store (a value over max_value_bytes, a "
+            "value that does not fit its declared type, no primary key). fail: the sync fails "
+            "with one line naming the source and the record, and stores nothing. skip: the "
+            "sync stores the other records, writes the rejected one's key, field and reason "
+            "to table rejected_records (the no_rejected_records check warns), infers no "
+            "deletes, and keeps its cursor and HTTP validators so the record comes again on "
+            "the next sync; once it is stored, its rejected row is gone."
+        ),
+    )
+    # A redirect into a loopback, link-local or private network is refused unless base_url is
+    # in that kind of network itself (a cloud's metadata service is one redirect away from
+    # any API); true follows it anyway, for an API that hands off to an internal host.
+    allow_private_redirects: bool = Field(
+        default=False,
+        description=(
+            "Follow a redirect into a loopback, link-local or private network even when "
+            "base_url is not in one."
         ),
     )
 

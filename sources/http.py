@@ -7,7 +7,8 @@ budget comes back within ``max_wait`` seconds, else raises ``RateLimited`` so th
 deferred to a later tick. At most ``max_in_flight`` requests per host are in flight at once.
 
 Every body is streamed and read through ``read_body`` (size cap, response and sync deadlines).
-Redirects are followed here, not by httpx, so credentials never leave their origin (see
+Redirects are followed here, not by httpx, so credentials never leave their origin and a
+redirect never leads to a non-HTTP URL or into a private network the source is not in (see
 ``sources.redirects``); no cookie is ever kept.
 """
 
@@ -41,7 +42,7 @@ from changewatch.sources.ratelimit import (
     guess_credential,
     retry_after_seconds,
 )
-from changewatch.sources.redirects import redirect
+from changewatch.sources.redirects import Resolver, redirect, refusal, resolve
 
 # httpx logs every request's full URL at INFO, and a query string may carry an API key.
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -73,6 +74,9 @@ class HttpPolicy:
     response_timeout: float = DEFAULT_RESPONSE_TIMEOUT
     # Redirects one request may follow (httpx's default is 20; APIs need one or two).
     max_redirects: int = 10
+    # Follow a redirect into a loopback, link-local or private network the first URL is not
+    # in (refused by default: see sources.redirects).
+    allow_private_redirects: bool = False
 
     def httpx_timeout(self, left: float | None = None) -> httpx.Timeout:
         """The httpx timeout: ``timeout`` per read, connecting within 10 s at most, neither
@@ -88,7 +92,7 @@ class HttpPolicy:
         A bound the config leaves out keeps this policy's value (the same default, unless
         code chose another).
         """
-        bounds = ("max_response_bytes", "response_timeout")
+        bounds = ("max_response_bytes", "response_timeout", "allow_private_redirects")
         return replace(
             self,
             **{name: getattr(source, name) for name in bounds if name in source.model_fields_set},
@@ -143,7 +147,8 @@ class HttpClient:
     ``requests`` counts the attempts sent (retries included). Errors name the URL path only:
     query strings and headers may carry credentials. ``now``/``sleep`` are injectable so tests
     run on a controlled clock; ``limits`` defaults to the process-wide registry. ``deadline``
-    bounds every request of the client (a sync's walk), in real time.
+    bounds every request of the client (a sync's walk), in real time. ``resolver`` gives a
+    redirect target's addresses for the private-network check (tests map names with it).
     """
 
     def __init__(
@@ -157,8 +162,10 @@ class HttpClient:
         transport: httpx.BaseTransport | None = None,
         limits: RateLimits | None = None,
         deadline: Deadline | None = None,
+        resolver: Resolver = resolve,
     ) -> None:
         self.policy = policy or HttpPolicy()
+        self._resolver = resolver
         self.name = name
         self.deadline = deadline
         self.requests = 0
@@ -226,12 +233,24 @@ class HttpClient:
             sent["If-Modified-Since"] = validator.last_modified
         if credential is None:
             credential = guess_credential(sent, dict(target.params))
-        crossed = False
+        crossed, start = False, target
         for _ in range(self.policy.max_redirects + 1):
             response = self._exchange(target, sent, credential)
             if not response.has_redirect_location:
                 return response
-            hop = redirect(response, sent, secrets, crossed=crossed)
+            try:
+                refused = refusal(
+                    target.join(response.headers["location"]),
+                    start,
+                    resolver=self._resolver,
+                    allow_private=self.policy.allow_private_redirects,
+                )
+                hop = None if refused else redirect(response, sent, secrets, crossed=crossed)
+            except httpx.InvalidURL as exc:
+                refused, hop = f"redirect to an invalid URL refused ({exc})", None
+            if hop is None:
+                # Not retried: the same answer would send it to the same place.
+                raise FetchError(f"{_Described(self, target)}: {refused}")
             target, sent, crossed = hop.url, hop.headers, hop.crossed
             if crossed:
                 credential = ""  # nothing of the source's credential goes along

@@ -24,6 +24,7 @@ from changewatch import sql
 from changewatch.sources.base import ColumnSpec, FetchResult, SourceBase
 from changewatch.sources.errors import PayloadError
 from changewatch.sources.limits import format_size
+from changewatch.sources.rejections import Rejection, record_key
 
 __all__ = [
     "Batch",
@@ -199,26 +200,37 @@ def normalize_into(
     connection: duckdb.DuckDBPyConnection,
     first_document: int = 0,
     known_fields: Collection[str] | None = None,
+    reject: Callable[[list[Rejection]], None] | None = None,
 ) -> dict[str, str | None]:
     """``normalize_batch`` for rows that stay in DuckDB: returns the batch's payload fields.
 
     ``write`` takes the query of the batch's normalized rows (``normalize_batch``'s columns
     but ``_bad_value``) and runs it on ``connection``, say into a table. A bad record aborts
     the query, so nothing of the batch is written; the ``PayloadError`` raised then is the
-    one ``normalize_batch`` raises.
+    one ``normalize_batch`` raises. With ``reject`` (a ``skip`` source), the batch is written
+    again without its bad records, which go to ``reject`` instead.
     """
     con = connection
     with _records(con, documents, records_path, config, first_document=first_document):
         try:
             write(_checked_statement(config))
             return _payload_fields(con, known_fields)
-        except duckdb.Error:
-            # Rare, so the slow way: the frame normalize_batch makes tells which record is
-            # bad, in the same words. When none is, the write itself failed.
-            problem = _problem(con, config)
-            if problem is None:
-                raise
+        except duckdb.Error as error:
+            failed = error
+        # Rare, so the slow way: the frame normalize_batch makes tells which record is bad,
+        # in the same words. When none is, the write itself failed.
+        try:
+            typed = _typed(con, config)
+        except duckdb.Error as error:
+            raise _locate_bad_document(con, config, error) from None
+        problem = _bad_record(typed, config)
+        if problem is None:
+            raise failed
+        if reject is None:
             raise problem from None
+        write(_good_statement(config))
+        reject(_rejections(typed, config))
+        return _payload_fields(con, known_fields)
 
 
 @contextmanager
@@ -276,15 +288,6 @@ def _payload_fields(
         found = con.execute(sql.load("select_field_type_records"), [path]).fetchall()
         fields[field] = found[0][0] if found else "NULL"
     return fields
-
-
-def _problem(con: duckdb.DuckDBPyConnection, config: SourceBase) -> PayloadError | None:
-    """What ``normalize_batch`` raises for the documents of ``records``, if anything."""
-    try:
-        typed = _typed(con, config)
-    except duckdb.Error as error:
-        return _locate_bad_document(con, config, error)
-    return _bad_record(typed, config)
 
 
 def finish_batches(
@@ -423,6 +426,14 @@ def _checked_statement(config: SourceBase) -> str:
     )
 
 
+def _good_statement(config: SourceBase) -> str:
+    """The normalization query of a ``skip`` source's batch that holds bad records: the others."""
+    return sql.load("select_good_records").format(
+        normalized=_statement(config),
+        has_key=" AND ".join(f"{_q(key)} IS NOT NULL" for key in config.primary_key),
+    )
+
+
 # When a value typed from its JSON ``text`` (numbers as written, strings unquoted) is exactly
 # that value; json_transform alone would round 3.7 into an integer and read 1 as true. Whole
 # numbers only for integers: 4, 4.0, 1e3 and "7" fit, 3.7 and "3.7" do not (never rounded),
@@ -544,6 +555,30 @@ def _bad_record(frame: pl.DataFrame, config: SourceBase) -> PayloadError | None:
             f"{config.primary_key} ({missing.height} such records)"
         )
     return None
+
+
+def _rejections(frame: pl.DataFrame, config: SourceBase) -> list[Rejection]:
+    """A ``Rejection`` for each record of ``frame`` with a bad value or no primary key, in
+    the words ``_bad_record`` uses. A null in a records list is no record, and not rejected:
+    ``values.drop_oversized`` leaves one where it took a record out."""
+    found = []
+    keys = pl.any_horizontal(pl.col(config.primary_key).is_null())
+    bad = (pl.col("_bad_value").is_not_null() | keys) & (pl.col(RAW_COLUMN) != "null")
+    for row in frame.filter(bad).iter_rows(named=True):
+        key = {
+            k: _value_at(row[RAW_COLUMN], _steps(k, config.columns[k])) for k in config.primary_key
+        }
+        column = row["_bad_value"]
+        if column is not None:
+            value = _value_at(row[RAW_COLUMN], _steps(column, config.columns[column]))
+            shown = repr(value)
+            shown = shown if len(shown) <= 200 else shown[:200] + "..."
+            reason = f"value {shown} is not {_a(config.columns[column].type)}"
+        else:
+            column = ", ".join(k for k in config.primary_key if row[k] is None)
+            reason = f"no primary key {config.primary_key}"
+        found.append(Rejection(record_key(key, _where(row["_arrival"])), column, reason))
+    return found
 
 
 def _a(column_type: str) -> str:

@@ -52,11 +52,14 @@ TWO_STREAMS_MEMORY_LIMIT = "192MB"
 # Rows per Arrow record batch read out of the stage: a warehouse row group.
 STREAM_ROWS = 16_384
 # What DuckDB needs, in memory, per byte of the largest JSON document it normalizes: parsing
-# allocates yyjson arenas that grow by doubling and cannot spill. Measured (one record with
-# one large value): 20 MB needed 320 MB, 64 MiB 1.28 GB, 100 MB 1.6-2 GB; peak RSS was about
-# 11 times the document. The stage grows to this for a large document (``make_room``), so
-# ordinary pages (a few MiB at most) stay within MEMORY_LIMIT.
-PARSE_BYTES_PER_BYTE = 24
+# allocates yyjson arenas that grow by doubling and cannot spill, and a json column's value is
+# written out again (json_transform, the hash's to_json). Measured (DuckDB 2.0, one record with
+# one large value, the least limit that passed): a text value 19x the document (478 MB at 24.5
+# MiB, 948 MB at 50 MiB), a json column's 35x (255 MB at 10 MiB, 860 MB at 24.5, 1.72 GB at
+# 50); 24x failed a 24.5 MiB json value (issue 30). The limit is a cap, not an allocation:
+# the RSS of a sync of a 32 MiB value stayed under 0.75 GiB. The stage grows to this for a
+# large document (``make_room``), so ordinary pages (a few MiB at most) stay within MEMORY_LIMIT.
+PARSE_BYTES_PER_BYTE = 40
 
 # Declared types as DuckDB stores them here. JSON stays text, as it leaves normalization.
 STAGE_TYPES = {

@@ -19,8 +19,9 @@ from types import TracebackType
 import duckdb
 from changewatch.sources.base import FetchResult, SourceBase
 from changewatch.sources.normalize import merge_fields, normalize_into
+from changewatch.sources.rejections import Rejection
 from changewatch.sources.staged import StagedFetch
-from changewatch.sources.values import check_value_sizes
+from changewatch.sources.values import check_value_sizes, drop_oversized
 
 __all__ = ["BATCH_BYTES", "MAX_QUEUED", "StreamingNormalizer"]
 
@@ -74,6 +75,10 @@ class StreamingNormalizer:
         self.largest_document = 0
         # Batches the walk normalized itself while the worker was behind (see _submit).
         self.taken_over = 0
+        # Records left out (on_bad_record: skip), from the walk and the worker (list.extend
+        # holds the GIL: the two never interleave in it).
+        self.rejected: list[Rejection] = []
+        self._skip = config.on_bad_record == "skip"
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._records_path: str | None = None
@@ -106,8 +111,15 @@ class StreamingNormalizer:
         self._collect()
         if self._pending and records_path != self._records_path:
             self._submit()  # a batch holds documents of one shape
-        # A value over max_value_bytes fails here, before any memory is spent on it.
-        check_value_sizes(document, records_path, self.config)
+        # A value over max_value_bytes fails here (or its record is left out), before any
+        # memory is spent on it.
+        if self._skip:
+            document, rejected = drop_oversized(
+                document, records_path, self.config, number=self.received + 1
+            )
+            self.rejected.extend(rejected)
+        else:
+            check_value_sizes(document, records_path, self.config)
         self._records_path = records_path
         self._pending.append(document)
         self._pending_bytes += len(document)
@@ -238,4 +250,5 @@ class StreamingNormalizer:
             connection=connection,
             first_document=first,
             known_fields=self.known_fields,
+            reject=self.rejected.extend if self._skip else None,
         )

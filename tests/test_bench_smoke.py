@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,18 @@ def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_pat
     assert figures["changes"] > 0 and figures["missing"] == 0
     assert figures["runs_failed"] == 0 and figures["syncs_failed"] == 0
     assert set(figures["triggers"]) <= {"probe", "interval", "reconcile"}
+
+
+def test_bench_big_values_syncs_a_large_value_on_both_backends() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_big_values.py", *("--sizes", "2", "--shapes", "json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CHANGEWATCH_TEST_PG_URL": PG_URL},
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("duckdb ") and " MiB" in line for line in lines)
+    assert any(line.startswith("postgres ") and " MiB" in line for line in lines)

@@ -39,7 +39,10 @@ ROW_GROUP_ROWS = 16_384
 MEMORY_LIMIT = "128MB"
 _MEMORY_LIMIT_BYTES = 128 * 1000 * 1000
 # What a DuckDB warehouse needs in memory per byte of the largest value it writes (make_room).
-_VALUE_ROOM = 6
+# Measured (DuckDB 2.0, the least limit that let one row in): a text value and its raw payload
+# 6-8x the value (191 MB at 24.5 MiB: one 128 MiB allocation), with a json column 13-14x (350
+# MB at 24.5 MiB, 693 MB at 50). 6x failed a 24.5 MiB value (issue 30).
+_VALUE_ROOM = 16
 # Catalog names DuckDB keeps for itself; a warehouse file named so is attached as "warehouse".
 _RESERVED_CATALOGS = {"memory", "system", "temp", "main"}
 # How long a first sync's second connection waits for a lock on the source table. It only ever

@@ -14,8 +14,9 @@ warehouse's own (its schema only) or CTEs in scope; ``unnest``, ``generate_serie
 INSTALL, LOAD, CALL, CHECKPOINT, DDL, DML), other table functions (read_csv, glob, pg_ls_dir),
 unknown functions (read_text, pg_read_file, pg_terminate_backend, current_setting), system
 catalogs (pg_catalog, information_schema, duckdb_*), other schemas and attached databases,
-SELECT INTO, FOR UPDATE and parameters. Every warehouse table is rendered qualified by its
-schema, so no search path can turn a name into a system table.
+SELECT INTO, FOR UPDATE and parameters, a query nested too deeply to parse, and calls that
+would build a value past ``sql_bounds.MAX_BUILT`` (see there). Every warehouse table is
+rendered qualified by its schema, so no search path can turn a name into a system table.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 import sqlglot
+from changewatch.warehouse.sql_bounds import bound_builders
 from changewatch.warehouse.sql_functions import FUNCTIONS as FILTER_FUNCTIONS
 from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError
@@ -138,15 +140,19 @@ def read_guard(text: str, *, dialect: str, tables: Mapping[str, str], schema: Se
     ...
     changewatch.warehouse.read_guard.QueryRefused: table pg_authid is not a warehouse table ...
     """
-    tree = _parse(text, dialect)
-    if type(tree) not in QUERIES:
-        word = text.split(maxsplit=1)[0].upper()
-        raise QueryRefused(
-            f"{word} is not allowed: changewatch sql runs only a read (SELECT, WITH or VALUES)"
-        )
+    # sqlglot parses and renders by recursion: a deep nesting of parentheses or calls would
+    # end in Python's RecursionError, so it is refused as the filter checker refuses it.
     try:
+        tree = _parse(text, dialect)
+        if type(tree) not in QUERIES:
+            word = text.split(maxsplit=1)[0].upper()
+            raise QueryRefused(
+                f"{word} is not allowed: changewatch sql runs only a read (SELECT, WITH or VALUES)"
+            )
         for node in list(tree.walk()):
             _check(node, dialect, tables, schema)
+        if (problem := bound_builders(tree, dialect)) is not None:
+            raise QueryRefused(problem)
         return tree.sql(dialect=dialect, comments=False)
     except RecursionError:
         raise QueryRefused("the query is nested too deeply") from None

@@ -62,6 +62,7 @@ def ensure_bookkeeping(wh: Warehouse) -> None:
         "create_sync_runs",
         "create_http_validators",
         "create_source_fields",
+        "create_rejected_records",
     ):
         wh.execute(render(name, wh.dialect))
     # Columns added in later releases, for warehouses created before them.

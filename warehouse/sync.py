@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -32,9 +32,11 @@ from changewatch.sources.normalize import (
     RAW_HASH_COLUMN,
     SYNCED_AT_COLUMN,
 )
+from changewatch.sources.rejections import Rejection, unique
 from changewatch.sources.staged import STAGE_TYPES, STREAM_ROWS, StagedFetch
 from changewatch.sources.stream import StreamingNormalizer
 from changewatch.warehouse.backends import ConnectionLost, Warehouse
+from changewatch.warehouse.rejections import replace_rejected
 from changewatch.warehouse.schema import (
     SQL_TYPES,
     changes_table,
@@ -79,6 +81,8 @@ class SyncStats:
     # Records whose key had already come in this sync: merged, one row per key (the newest
     # by updated-at, else the last in walk order, wins; see StagedFetch.keep_newest).
     rows_duplicate: int = 0
+    # Records left out (on_bad_record: skip), one per key and field: see rejected_records.
+    rejected: int = 0
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
@@ -209,6 +213,11 @@ def _run_sync(
                 # Nothing was conditional and nothing was filtered by a cursor: everything.
                 fetched.complete = True
             staged, fields = pages.finish(fetched, synced_at=started_at)
+            if pages.rejected:
+                # A record left out is neither stored nor gone: no deletes are inferred, and no
+                # validator is kept, so the next sync asks for everything again.
+                fetched.complete = False
+                fetched.validators = {}
             wh.make_room(pages.largest_document)
             stats.drift = {f: t for f, t in fields.items() if known and f not in known and t}
             if stats.drift and config.schema_mode == "freeze":
@@ -233,6 +242,7 @@ def _run_sync(
                 fields=fields,
                 evolved=evolved,
                 expected_last_sync=state[0][2] if state else None,
+                rejected=pages.rejected,
             )
     except BaseException as error:
         _record_failure(wh, stats, error)
@@ -256,6 +266,7 @@ def apply_sync(
     fields: dict[str, str | None] | None = None,
     evolved: dict[str, str] | None = None,
     expected_last_sync: str | None = None,
+    rejected: Sequence[Rejection] = (),
 ) -> SyncStats:
     """Diff ``staged`` against the stored table and commit rows, changes and cursor at once.
 
@@ -264,13 +275,16 @@ def apply_sync(
     are the payload fields the fetch saw (recorded for schema drift), ``evolved`` the
     drifted fields that are already columns. ``expected_last_sync`` is the source's last
     sync when this one started: if another sync committed since, this one raises
-    ``SyncConflict`` and writes nothing. Updates ``stats`` in place.
+    ``SyncConflict`` and writes nothing. ``rejected``: the records a ``skip`` source left
+    out; they replace its rows of ``rejected_records``, and the cursor stays where it was, so
+    they come again. Updates ``stats`` in place.
     """
     started = time.perf_counter() if started is None else started
     keys = config.primary_key
     stats.pages, stats.requests = fetched.pages, fetched.requests
     height = staged.height
     stats.rows_duplicate = staged.duplicates
+    stats.rejected = len(unique(rejected))
     stats.rows_fetched = fetched.record_count if fetched.record_count is not None else height
     finished_at = datetime.now(UTC)
     with wh.transaction():
@@ -314,7 +328,12 @@ def apply_sync(
         _refresh_raw(wh, config, staged, evolved)
         if not fetched.not_modified:
             _replace_validators(wh, config, fetched)
-        cursor_after = _next_cursor(stats.cursor_before, staged, config)
+        replace_rejected(wh, config.name, rejected, sync_id=stats.sync_id, at=finished_at)
+        # Held while a record is rejected: an incremental walk from a later cursor would
+        # never ask for it again.
+        cursor_after = (
+            stats.cursor_before if rejected else _next_cursor(stats.cursor_before, staged, config)
+        )
         if fetched.complete:
             # The stage holds every stored key already: no second scan of the table.
             stored = staged.fetch("SELECT count(*) FROM stored")[0][0]

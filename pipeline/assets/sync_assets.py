@@ -9,6 +9,12 @@ from collections.abc import Callable
 import dagster as dg
 from changewatch.pipeline.assets.asset_signatures import shared_signature
 from changewatch.pipeline.assets.freshness_policies import source_freshness
+from changewatch.pipeline.assets.rejected_records_check import (
+    REJECTED_CHECK,
+    rejected_check_result,
+    rejected_check_specs,
+    rejected_check_unknown,
+)
 from changewatch.pipeline.polling.poll_schedule import record_from_tags
 from changewatch.pipeline.polling.source_pauses import (
     NOT_PAUSED_CHECK,
@@ -69,6 +75,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 ),
             ),
             *_pause_check(source),
+            *rejected_check_specs(source),
         ],
         metadata={
             "source": source.name,
@@ -103,8 +110,12 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                         check_name=STORM_CHECK, passed=True, description=str(skipped)
                     )
                     yield from _paused(context, source)
+                    yield from _rejected_passes(source, str(skipped))
                     return
                 held = held_changes(wh, source)
+                rejected = (
+                    [rejected_check_result(wh, source)] if rejected_check_specs(source) else []
+                )
                 # The sensor's decision about this source, in its run tag
                 # (pipeline/polling/poll_schedule.py).
                 polled = record_from_tags(wh, context.run.tags, [source.name])
@@ -114,6 +125,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             # are answered from what is stored, and the error goes on.
             yield _storm_check_after_failure(warehouse, source)
             yield from _paused(context, source)
+            yield from _rejected_after_failure(warehouse, source)
             raise
         # Only once the rows are committed: a failed sync leaves its deliveries pending.
         run_id = context.run.run_id
@@ -132,6 +144,11 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             )
         if stats.rows_duplicate:
             context.log.warning(f"{source.name}: {_duplicates(stats, source)}")
+        if stats.rejected:
+            context.log.warning(
+                f"{source.name}: {stats.rejected} record(s) rejected and left out "
+                "(on_bad_record: skip): see table rejected_records; the next sync retries them"
+            )
         context.log.info(
             f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
             f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
@@ -140,6 +157,7 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
             metadata={
                 "rows_fetched": stats.rows_fetched,
                 "rows_duplicate": stats.rows_duplicate,
+                "rejected": stats.rejected,
                 "inserted": stats.inserted,
                 "updated": stats.updated,
                 "deleted": stats.deleted,
@@ -160,10 +178,31 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 **({"webhook_deliveries": consumed} if inbox else {}),
                 **{f"poll_{k}": v for r in polled for k, v in _poll_metadata(r).items()},
             },
-            check_results=[_storm_check(held), *_paused(context, source)],
+            check_results=[_storm_check(held), *_paused(context, source), *rejected],
         )
 
     return _sync
+
+
+def _rejected_passes(source: SourceConfig, why: str) -> list[dg.AssetCheckResult]:
+    """The ``no_rejected_records`` result of a sync that left it to another one (skipped)."""
+    if not rejected_check_specs(source):
+        return []
+    return [dg.AssetCheckResult(check_name=REJECTED_CHECK, passed=True, description=why)]
+
+
+def _rejected_after_failure(
+    warehouse: WarehouseResource, source: SourceConfig
+) -> list[dg.AssetCheckResult]:
+    """The ``no_rejected_records`` result beside a failed sync: as the last committed one left
+    it (a failed sync stores no rejection), or not evaluated when that cannot be read."""
+    if not rejected_check_specs(source):
+        return []
+    try:
+        with warehouse.connect() as wh:
+            return [rejected_check_result(wh, source)]
+    except Exception as error:  # noqa: BLE001 - any failure to read is "not evaluated"
+        return [rejected_check_unknown(source, error)]
 
 
 def _storm_check(held: int) -> dg.AssetCheckResult:

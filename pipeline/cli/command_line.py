@@ -518,6 +518,11 @@ def summarize(asset: str, meta: dict) -> str:
             line += "; not modified (every request answered 304)"
         if meta.get("rows_duplicate"):
             line += f"; {meta['rows_duplicate']} repeated key(s) merged (the newest kept)"
+        if meta.get("rejected"):
+            line += (
+                f"; {meta['rejected']} record(s) REJECTED and left out (see table "
+                "rejected_records; retried next sync)"
+            )
         if meta.get("silent"):
             line += "; recorded silently (baseline or backfill)"
         if meta.get("schema_drift"):

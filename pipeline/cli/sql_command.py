@@ -6,6 +6,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, TextIO
 
+from changewatch.pipeline.cli.sql_memory_cap import memory_cap
 from changewatch.pipeline.project.expected_errors import ChangewatchError, UsageError
 
 if TYPE_CHECKING:
@@ -13,7 +14,15 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from changewatch.warehouse import Warehouse
 
-__all__ = ["DEFAULT_TIMEOUT", "FORMATS", "QueryTimeout", "run_query", "single_statement"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "FORMATS",
+    "SQL_MEMORY",
+    "QueryTimeout",
+    "QueryTooLarge",
+    "run_query",
+    "single_statement",
+]
 
 FORMATS = ("table", "csv", "json")
 # Seconds a query may run (`--timeout`): on PostgreSQL the server's statement_timeout, so a
@@ -22,6 +31,13 @@ DEFAULT_TIMEOUT = 60.0
 # PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout.
 _QUERY_CANCELED = "57014"
 _TIMED_OUT = "canceling statement due to statement timeout"
+# Bytes of memory (address space) a query may add to this process (a DuckDB query runs in
+# it; either backend's result is read into it): past it the query fails in one line instead
+# of the machine running out.
+SQL_MEMORY = 2 << 30
+# How an allocation refused by that cap reads in DuckDB's and Arrow's errors (DuckDB's own
+# memory_limit, of its buffers, says "could not allocate block" and names itself).
+_PAST_THE_CAP = ("(bad allocation)", "ArrowBuffer: failed to allocate")
 # What a terminal shows of a result: names and values (no shape, no types), cut to fit.
 _SCREEN = {
     "tbl_rows": 50,
@@ -43,6 +59,10 @@ _WHOLE = {
 
 class QueryTimeout(ChangewatchError):
     """The query ran past its time limit."""
+
+
+class QueryTooLarge(ChangewatchError):
+    """The query needed more memory than ``SQL_MEMORY``."""
 
 
 def single_statement(query: str, dialect: str) -> str:
@@ -125,7 +145,19 @@ def _fetch(wh: Warehouse, statement: str, timeout: float) -> pa.Table:
         f"the query ran past its {timeout:g} s limit (--timeout SECONDS to change it)"
     )
     fetch = _fetch_postgres if wh.dialect == "postgres" else _fetch_duckdb
-    return fetch(wh, statement, timeout, limit)
+    try:
+        # DuckDB runs the query in this process; either backend's result is read into it.
+        with memory_cap(SQL_MEMORY):
+            return fetch(wh, statement, timeout, limit)
+    except QueryTimeout:
+        raise
+    except Exception as error:
+        if isinstance(error, MemoryError) or any(w in str(error) for w in _PAST_THE_CAP):
+            raise QueryTooLarge(
+                f"the query needed more than {SQL_MEMORY >> 20} MiB of memory (changewatch "
+                "sql's limit): select fewer rows or smaller values"
+            ) from None
+        raise
 
 
 def _fetch_postgres(wh: Warehouse, statement: str, timeout: float, limit: Exception) -> pa.Table:

@@ -20,6 +20,10 @@ from collections.abc import Callable, Sequence
 
 import dagster as dg
 from changewatch.pipeline.assets.freshness_policies import source_freshness
+from changewatch.pipeline.assets.rejected_records_check import (
+    fleet_rejected_check_result,
+    rejected_check_specs,
+)
 from changewatch.pipeline.assets.sync_assets import FULL_TAG, SILENT_TAG, SOURCE_TAG, STORM_CHECK
 from changewatch.pipeline.polling.poll_slots import due_slot, jitter_offset
 from changewatch.pipeline.polling.probe_decisions import decide, due_probes, probe_states
@@ -140,6 +144,7 @@ def _sync_asset(
                 asset=source.table,
                 description="Fails while a target of the last run failed to sync.",
             ),
+            *rejected_check_specs(source),
         ],
         metadata={"source": source.name, "primary_key": ", ".join(source.primary_key)},
     )
@@ -167,6 +172,11 @@ def _sync_asset(
                     failed[target] = f"{type(error).__name__}: {error}"
                     context.log.error(f"{source.name}[{target}]: {failed[target]}")
             held = held_changes(wh, source) if synced else 0
+            rejected = (
+                [fleet_rejected_check_result(wh, [s.source for s in synced.values()])]
+                if synced and rejected_check_specs(source)
+                else []
+            )
         for stats in synced.values():
             context.log.info(
                 f"{stats.source}: {stats.inserted} inserted, {stats.updated} updated, "
@@ -198,6 +208,7 @@ def _sync_asset(
                         else f"{len(synced)} target(s) synced"
                     ),
                 ),
+                *rejected,
             ],
         )
 

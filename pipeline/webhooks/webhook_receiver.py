@@ -33,7 +33,12 @@ from changewatch.pipeline.project.expected_errors import ChangewatchError
 from changewatch.pipeline.webhooks.webhook_inbox import INBOX_ERRORS, Inbox
 from changewatch.pipeline.webhooks.webhook_inbox_postgres import PostgresInbox
 from changewatch.sources.base import SourceBase
-from changewatch.sources.http_server import ThreadedServer
+from changewatch.sources.http_server import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_WORKERS,
+    ThreadedServer,
+)
 from changewatch.sources.limits import format_size
 from changewatch.sources.webhook import WebhookSettings, webhook_provider
 
@@ -45,7 +50,8 @@ DEFAULT_PORT = 8088
 # An oversized body is read and dropped up to this much, so the client sees the 413 rather than
 # a reset connection; beyond it the connection is simply closed.
 _DRAIN_LIMIT = 16 << 20
-# Seconds a client may take between two reads: a stalled sender frees its thread.
+# Seconds a client may take between two reads of its body (its headers are in by then: see
+# evaluators.threaded_server): a stalled sender frees its worker.
 _SOCKET_TIMEOUT = 30
 
 
@@ -98,8 +104,10 @@ class WebhookReceiver(ThreadedServer):
     """Receives the sources' webhooks on ``host:port`` (0 picks a free port).
 
     ``environ`` holds the secrets (default: the process environment), ``clock`` the time that
-    Standard Webhooks timestamps are checked against. Raises WebhookSetupError for a missing
-    secret, OSError naming the address when the port is taken.
+    Standard Webhooks timestamps are checked against. ``workers`` threads answer deliveries
+    whose headers are in; a connection gets ``header_timeout`` seconds to send them, and at
+    most ``max_connections`` wait for theirs (see ``evaluators.threaded_server``). Raises
+    WebhookSetupError for a missing secret, OSError naming the address when the port is taken.
     """
 
     def __init__(
@@ -111,13 +119,25 @@ class WebhookReceiver(ThreadedServer):
         port: int = DEFAULT_PORT,
         environ: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
+        workers: int = DEFAULT_WORKERS,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         import os
 
         self.routes = webhook_routes(sources, os.environ if environ is None else environ)
         self.inbox = inbox
         self.clock = clock
-        super().__init__(host, port, _Handler, name="changewatch-webhooks", log=log)
+        super().__init__(
+            host,
+            port,
+            _Handler,
+            name="changewatch-webhooks",
+            log=log,
+            workers=workers,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+        )
 
     def receive(self, route: Route, headers: Mapping[str, str], body: bytes) -> tuple[int, dict]:
         """Verify and store one delivery; the HTTP status and a short JSON answer."""

@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.assets.rejected_records_check import REJECTED_CHECK
 from changewatch.pipeline.cli.command_line import summarize
 from changewatch.pipeline.cli.in_process_runs import sync_source
 from changewatch.pipeline.definitions.build_definitions import build_definitions
@@ -291,3 +292,29 @@ def test_changewatch_sync_of_a_fleet_syncs_every_target_and_names_the_failed_one
     )
     assert instance.get_dynamic_partitions("team_targets") == [*REPOS, "acme/gone"]
     assert count(warehouse_url, ROWS) == {"acme/a": 12, "acme/b": 8}
+
+
+def test_a_skipping_fleet_warns_of_its_targets_rejected_records(
+    tmp_path: Path,
+    api: DemoAPIServer,
+    instance: dg.DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = f"duckdb:///{tmp_path / 'w.duckdb'}"
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, url)
+    team = fleet(api.url) | {"on_bad_record": "skip"}
+    # A title is no bigint: every record of both targets is rejected, and the runs go on.
+    team["columns"] = {**team["columns"], "title": "bigint"}
+    sensor = Sensor(write(tmp_path, [team]), instance, {WAREHOUSE_URL_ENV: url})
+    [request] = sensor.tick()
+    run = sensor.defs.resolve_job_def("sync_team").execute_in_process(
+        instance=instance, tags=request.tags
+    )
+    assert run.success
+    [check] = [c for c in run.get_asset_check_evaluations() if c.check_name == REJECTED_CHECK]
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert check.metadata["rejected_records"].value == 20
+    assert count(url, "SELECT source, count(*) FROM rejected_records GROUP BY source") == {
+        "team[acme/a]": 12,
+        "team[acme/b]": 8,
+    }

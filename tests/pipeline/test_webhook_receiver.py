@@ -104,6 +104,20 @@ def test_githubs_documented_signature_verifies() -> None:
         verify("github", key, headers, b"Hello, World?", now=0)
 
 
+def test_a_github_signature_without_its_sha256_prefix_is_refused() -> None:
+    # The right digest, bare: GitHub always sends the prefix, so this did not come from it.
+    digest = "757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+    key = signing_key("github", GITHUB_SECRET)
+    for header in (digest, f"sha1={digest}", f"SHA256={digest}", f" {digest}"):
+        headers = {"x-hub-signature-256": header, "x-github-delivery": "d-1"}
+        with pytest.raises(SignatureError, match="does not start with sha256="):
+            verify("github", key, headers, b"Hello, World!", now=0)
+    # The generic scheme still takes both forms.
+    for header in (digest, f"sha256={digest}"):
+        headers = {"x-signature-256": header, "x-delivery-id": "d-2"}
+        assert verify("hmac", key, headers, b"Hello, World!", now=0).delivery_id == "d-2"
+
+
 def test_standard_webhooks_signatures_from_the_reference_library_verify() -> None:
     key = signing_key("standard", STANDARD_SECRET)
     headers = {k.lower(): v for k, v in standard_headers(BODY, "msg_1").items()}
