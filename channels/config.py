@@ -125,36 +125,51 @@ class _Channel(_Model):
 class ConsoleChannelConfig(_Channel):
     """Print each notification on standard output (and in the Dagster run log)."""
 
-    name: Identifier
-    type: Literal["console"]
+    name: Identifier = Field(description="The channel's name, which watches list.")
+    type: Literal["console"] = Field(description="Standard output (and the Dagster run log).")
 
 
 class FileChannelConfig(_Channel):
     """Append each notification as one JSON line to a file."""
 
-    name: Identifier
-    type: Literal["file"]
-    path: str
+    name: Identifier = Field(description="The channel's name, which watches list.")
+    type: Literal["file"] = Field(description="A JSON-lines file.")
+    path: str = Field(description="The file; a relative path is relative to the watches file.")
 
 
 class EmailChannelConfig(_Channel):
     """Send each notification as an email over SMTP."""
 
-    name: Identifier
-    type: Literal["email"]
-    host: str
-    port: int = Field(default=587, gt=0, lt=65536)
+    name: Identifier = Field(description="The channel's name, which watches and digests list.")
+    type: Literal["email"] = Field(description="Email over SMTP.")
+    host: str = Field(description="The SMTP server.")
+    port: int = Field(default=587, gt=0, lt=65536, description="The SMTP port.")
     # starttls: plain connection upgraded with STARTTLS (port 587); ssl: TLS from the first
     # byte (port 465); none: no encryption (a local relay or a test server only).
-    security: Literal["starttls", "ssl", "none"] = "starttls"
-    username: str | None = None
-    password_env: EnvVarName | None = None
-    from_address: EmailAddress = Field(alias="from")
-    to: list[EmailAddress] = Field(min_length=1)
-    timeout: float = Field(default=30.0, gt=0)
+    security: Literal["starttls", "ssl", "none"] = Field(
+        default="starttls",
+        description=(
+            "`starttls` (port 587), `ssl` (TLS from the first byte, port 465) or `none` (a local "
+            "relay only)."
+        ),
+    )
+    username: str | None = Field(
+        default=None, description="The SMTP login, if the server wants one."
+    )
+    password_env: EnvVarName | None = Field(
+        default=None, description="The environment variable holding the SMTP password."
+    )
+    from_address: EmailAddress = Field(alias="from", description="The sender's address.")
+    to: list[EmailAddress] = Field(min_length=1, description="The recipients.")
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one send may take at most.")
     # A PEM bundle of CAs to trust for the server's certificate instead of the system's (a
     # private relay, a test server with a self-signed certificate). Not a secret.
-    ca_file: str | None = None
+    ca_file: str | None = Field(
+        default=None,
+        description=(
+            "A PEM bundle of CAs to trust for the server's certificate instead of the system's."
+        ),
+    )
 
     def env_vars(self) -> list[str]:
         return [self.password_env] if self.password_env else []
@@ -163,12 +178,18 @@ class EmailChannelConfig(_Channel):
 class WebhookChannelConfig(_Channel):
     """POST each notification as JSON, signed per the Standard Webhooks scheme."""
 
-    name: Identifier
-    type: Literal["webhook"]
-    url: str
+    name: Identifier = Field(description="The channel's name, which watches list.")
+    type: Literal["webhook"] = Field(description="An HTTP POST of JSON.")
+    url: str = Field(description="Where to POST (http or https).")
     # A Standard Webhooks secret ("whsec_" + base64), read from this environment variable.
-    secret_env: EnvVarName | None = None
-    timeout: float = Field(default=10.0, gt=0)
+    secret_env: EnvVarName | None = Field(
+        default=None,
+        description=(
+            "The environment variable holding a Standard Webhooks secret (`whsec_...`); unset: "
+            "unsigned."
+        ),
+    )
+    timeout: float = Field(default=10.0, gt=0, description="Seconds one POST may take at most.")
 
     @field_validator("url")
     @classmethod
@@ -188,10 +209,14 @@ class AppriseChannelConfig(_Channel):
     the environment variable named here, like every other secret.
     """
 
-    name: Identifier
-    type: Literal["apprise"]
-    url_env: EnvVarName
-    timeout: float = Field(default=30.0, gt=0)
+    name: Identifier = Field(description="The channel's name, which watches list.")
+    type: Literal["apprise"] = Field(
+        description="Apprise (Slack, Discord, Telegram, ntfy, Matrix...)."
+    )
+    url_env: EnvVarName = Field(
+        description="The environment variable holding the Apprise URL (it embeds tokens)."
+    )
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one send may take at most.")
 
     def env_vars(self) -> list[str]:
         return [self.url_env]
@@ -214,7 +239,13 @@ class DeliveryConfig(_Model):
     # crash: then sent again to a webhook or file, parked as dead for the other channels. It
     # must outlast any send (the config check wants twice every channel's timeout), or a slow
     # send would be taken for a crashed one.
-    lease: Duration = 600.0
+    lease: Duration = Field(
+        default=600.0,
+        description=(
+            "How long a send may stay claimed before it counts as cut short by a crash; at least "
+            "twice every channel's timeout."
+        ),
+    )
     retry: RetryConfig = Field(
         default_factory=RetryConfig,
         description="The retry schedule of every channel without its own `retry:`.",
@@ -232,9 +263,14 @@ class FeedbackConfig(_Model):
     """Signed feedback links in notifications, answered by `changewatch feedback-server`."""
 
     # Where people reach the feedback server (the links start with it).
-    url: str
+    url: str = Field(
+        description="Where people reach `changewatch feedback-server`; the links start with it."
+    )
     # The HMAC key of the links' signatures, read from this environment variable.
-    secret_env: EnvVarName = "CHANGEWATCH_FEEDBACK_SECRET"
+    secret_env: EnvVarName = Field(
+        default="CHANGEWATCH_FEEDBACK_SECRET",
+        description="The environment variable holding the links' HMAC key.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -250,21 +286,48 @@ class FeedbackConfig(_Model):
 class DigestConfig(_Model):
     """A periodic email summarizing the notifications of the watches it covers."""
 
-    name: Identifier
-    cron: str = "0 8 * * *"
-    timezone: str = "UTC"
+    name: Identifier = Field(description="The digest's name (its asset is `digest_<name>`).")
+    cron: str = Field(default="0 8 * * *", description="When a day's digest is sent.")
+    timezone: str = Field(
+        default="UTC", description="The time zone of `cron` and of the digest's days."
+    )
     # The email channel whose SMTP settings (and, unless `to` is given, recipients) it uses.
     # Without one the digest is only written to output_dir (the demo does this).
-    channel: Identifier | None = None
-    to: list[EmailAddress] | None = None
-    watches: list[Identifier] = Field(min_length=1)
+    channel: Identifier | None = Field(
+        default=None,
+        description="The email channel whose SMTP settings (and recipients, without `to`) it uses.",
+    )
+    to: list[EmailAddress] | None = Field(
+        default=None, description="Recipients instead of the channel's."
+    )
+    watches: list[Identifier] = Field(
+        min_length=1, description="The watches whose notifications it summarizes."
+    )
     # Names the digest and, with a short name, stays within one 78-character header line.
-    subject: str = "changewatch {name} digest for {day}: {count} change(s)"
-    send_empty: bool = False
+    subject: str = Field(
+        default="changewatch {name} digest for {day}: {count} change(s)",
+        description=(
+            "The subject; may use {count}, {window}, {name}, {watches}, {start}, {end}, {day}."
+        ),
+    )
+    send_empty: bool = Field(
+        default=False, description="Send a digest of a day without notifications too."
+    )
     # Without a reachable SMTP server (the demo), digests are also written here as .eml/.html.
-    output_dir: str | None = None
+    output_dir: str | None = Field(
+        default=None,
+        description=(
+            "A folder where each digest is also written as `.eml` and `.html`; relative to the "
+            "watches file."
+        ),
+    )
     # The first day a digest exists for (backfills start here); default: a week ago.
-    start: date | None = None
+    start: date | None = Field(
+        default=None,
+        description=(
+            "The first day a digest exists for (backfills start here); default: a week ago."
+        ),
+    )
 
     @model_validator(mode="after")
     def _somewhere_to_go(self) -> DigestConfig:

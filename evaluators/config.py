@@ -25,65 +25,146 @@ class NextJudge(_Model):
     call caps, ``min_confidence`` (applied to whichever verdict decides) and
     ``on_unavailable``; the endpoint and its limits are its own."""
 
-    model: str
+    model: str = Field(description="The model's name at its endpoint, or `local`.")
     # Which verdicts of the judge before come here: `unsure` (less sure than unsure_below).
     # A judge before it that gave no verdict at all (down, invalid answer) counts as unsure.
-    when: Literal["unsure"]
-    unsure_below: float = Field(default=0.8, gt=0, le=1)
-    base_url: str | None = None
-    api_key_env: EnvVarName | None = None
-    timeout: float = Field(default=30.0, gt=0)
-    context_tokens: int | None = Field(default=None, ge=1024)
-    max_answer_tokens: int = Field(default=512, ge=64)
-    max_retries: int = Field(default=2, ge=0, le=10)
-    price_per_mtok_input: float | None = Field(default=None, ge=0)
-    price_per_mtok_output: float | None = Field(default=None, ge=0)
+    when: Literal["unsure"] = Field(
+        description="Which verdicts of the judge before come here: `unsure` (and none at all)."
+    )
+    unsure_below: float = Field(
+        default=0.8, gt=0, le=1, description="A verdict less confident than this counts as unsure."
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible endpoint; unset: the openai client's default.",
+    )
+    api_key_env: EnvVarName | None = Field(
+        default=None, description="The environment variable holding the endpoint's API key."
+    )
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one request may take at most.")
+    context_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        description=(
+            "The model's context window, prompt and answer (default: local 4096, else 8192)."
+        ),
+    )
+    max_answer_tokens: int = Field(default=512, ge=64, description="`max_tokens` of every request.")
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Retries of a request that failed or gave no valid verdict.",
+    )
+    price_per_mtok_input: float | None = Field(
+        default=None, ge=0, description="USD per million prompt tokens, for cost metadata."
+    )
+    price_per_mtok_output: float | None = Field(
+        default=None, ge=0, description="USD per million answer tokens, for cost metadata."
+    )
 
 
 class JudgeConfig(_Model):
     """An LLM asked, per change that passed the filter, whether it meets a condition."""
 
-    condition: str = Field(min_length=3)
-    examples: list[str] = []
-    negative_examples: list[str] = []
+    condition: str = Field(
+        min_length=3, description="What a change must show to be notified, in plain words."
+    )
+    examples: list[str] = Field(
+        default=[], description="Changes that meet the condition, shown to the model."
+    )
+    negative_examples: list[str] = Field(
+        default=[], description="Changes that do not, shown to the model."
+    )
     # A model name of the endpoint, or `local`: the bundled model in this process, which needs
     # neither base_url nor api_key_env and ignores them (so `changewatch eval --model local`
     # can score any watch offline).
-    model: str
+    model: str = Field(
+        description="The model's name at its endpoint, or `local` (the bundled offline model)."
+    )
     # Any OpenAI-compatible endpoint: OpenAI, Ollama (http://localhost:11434/v1), vLLM,
     # llama.cpp server. None: the openai client's default (OPENAI_BASE_URL or api.openai.com).
-    base_url: str | None = None
-    api_key_env: EnvVarName | None = None
-    min_confidence: float = Field(default=0.5, ge=0, le=1)
+    base_url: str | None = Field(
+        default=None,
+        description=(
+            "An OpenAI-compatible endpoint (OpenAI, Ollama, vLLM, llama.cpp); unset: the openai "
+            "client's default."
+        ),
+    )
+    api_key_env: EnvVarName | None = Field(
+        default=None,
+        description=(
+            "The environment variable holding the endpoint's API key; none for local servers."
+        ),
+    )
+    min_confidence: float = Field(
+        default=0.5, ge=0, le=1, description="Least confidence of a `notify` verdict that notifies."
+    )
     # What happens to a change when the judge cannot answer (unreachable, no valid verdict
     # after retries, call cap reached): hold it for the next run, notify anyway, or drop it.
-    on_unavailable: Literal["hold", "notify", "drop"] = "hold"
-    timeout: float = Field(default=30.0, gt=0)
+    on_unavailable: Literal["hold", "notify", "drop"] = Field(
+        default="hold",
+        description=(
+            "When the judge cannot answer: `hold` for the next run, `notify` anyway, or `drop`."
+        ),
+    )
+    timeout: float = Field(default=30.0, gt=0, description="Seconds one request may take at most.")
     # The model's context window in tokens, prompt and answer together: a change whose prompt
     # would not fit has its longest values cut (evaluators/prompt_fit.py), and its verdict's
     # reasoning says so. Default: the local model's own (4096); 8192 for any other model
     # (raise it for models that take more, to show them more of large changes).
-    context_tokens: int | None = Field(default=None, ge=1024)
+    context_tokens: int | None = Field(
+        default=None,
+        ge=1024,
+        description=(
+            "The model's context window, prompt and answer; longer values are cut to fit (default:"
+            " local 4096, else 8192)."
+        ),
+    )
     # The longest answer asked for (`max_tokens` of every request). A verdict takes 100-300
     # tokens; a model that rambles is stopped here, not at the timeout (with a server still
     # generating for a client that left).
-    max_answer_tokens: int = Field(default=512, ge=64)
-    max_retries: int = Field(default=2, ge=0, le=10)
-    max_calls_per_run: int = Field(default=50, gt=0)
+    max_answer_tokens: int = Field(default=512, ge=64, description="`max_tokens` of every request.")
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Retries of a request that failed or gave no valid verdict.",
+    )
+    max_calls_per_run: int = Field(
+        default=50, gt=0, description="Most judge calls of one evaluation run; the rest are held."
+    )
     # A daily budget of calls (UTC days), kept in the warehouse's `judge_spend`: beyond it
     # changes are held, never dropped, and judged once the next day's budget opens.
-    max_calls_per_day: int | None = Field(default=None, gt=0)
+    max_calls_per_day: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "A daily budget of calls (UTC days); beyond it changes are held, never dropped."
+        ),
+    )
     # What is kept of an answer's text (in judge_cache, evaluations and notifications): a
     # model that rambles is cut here, with a note saying so, rather than stored whole.
-    max_reasoning_chars: int = Field(default=4000, ge=100)
-    max_summary_chars: int = Field(default=1000, ge=50)
+    max_reasoning_chars: int = Field(
+        default=4000, ge=100, description="What is kept of a verdict's reasoning."
+    )
+    max_summary_chars: int = Field(
+        default=1000, ge=50, description="What is kept of a verdict's summary."
+    )
     # USD per million tokens; with them, evaluations report what the judge cost.
-    price_per_mtok_input: float | None = Field(default=None, ge=0)
-    price_per_mtok_output: float | None = Field(default=None, ge=0)
+    price_per_mtok_input: float | None = Field(
+        default=None, ge=0, description="USD per million prompt tokens, for cost metadata."
+    )
+    price_per_mtok_output: float | None = Field(
+        default=None, ge=0, description="USD per million answer tokens, for cost metadata."
+    )
     # A cascade: the judges asked after this one, in order, each about what the one before was
     # unsure of. `judge: [{...first...}, {model: ..., when: unsure}]` is the same written as
     # a list (evaluators/cascade.py).
-    then: list[NextJudge] = []
+    then: list[NextJudge] = Field(
+        default=[],
+        description="A cascade: judges asked in turn about what the one before was unsure of.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -144,26 +225,68 @@ DedupePolicy = Literal["per_object", "per_version", "per_transition"]
 class Watch(_Model):
     """Changes of one or more sources that someone wants to hear about."""
 
-    name: Identifier
-    sources: list[Identifier] = Field(min_length=1)
-    description: str | None = None
+    name: Identifier = Field(
+        description="The watch's name (its asset is `eval_<name>`), unique in the file."
+    )
+    sources: list[Identifier] = Field(
+        min_length=1,
+        description="The sources whose changes it reads (`source: x` is short for `sources: [x]`).",
+    )
+    description: str | None = Field(default=None, description="What the watch is for, for people.")
     # A SQL boolean over one change (see evaluators/filters.py for the names it may use).
-    where: str = "TRUE"
-    judge: JudgeConfig | None = None
-    channels: list[Identifier] = []
-    dedupe: DedupePolicy = "per_version"
+    where: str = Field(
+        default="TRUE",
+        description=(
+            "A SQL boolean over one change (`kind`, `old.<col>`, `new.<col>`, `changed(<col>)`...)."
+        ),
+    )
+    judge: JudgeConfig | None = Field(
+        default=None,
+        description="An LLM asked about each change that passed `where` (or a list: a cascade).",
+    )
+    channels: list[Identifier] = Field(
+        default=[], description="The channels its notifications go to."
+    )
+    dedupe: DedupePolicy = Field(
+        default="per_version",
+        description=(
+            "At most one notification `per_object`, `per_version` of the object, or "
+            "`per_transition` between versions."
+        ),
+    )
     # Jinja templates (sandboxed) rendered per notification.
-    title: str = "{{ watch }}: {{ kind }} of {{ source }} {{ key }}"
-    body: str = "{{ summary }}"
-    url: str = "{{ current.html_url or current.url or '' }}"
+    title: str = Field(
+        default="{{ watch }}: {{ kind }} of {{ source }} {{ key }}",
+        description="Jinja template of each notification's title.",
+    )
+    body: str = Field(
+        default="{{ summary }}", description="Jinja template of each notification's body."
+    )
+    url: str = Field(
+        default="{{ current.html_url or current.url or '' }}",
+        description="Jinja template of each notification's link.",
+    )
     # The heading of this watch's section in digests (`title` is each notification's);
     # default: the name made readable, "closed_issues" -> "Closed issues".
-    heading: str | None = Field(default=None, min_length=1, max_length=200)
+    heading: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="Its section's heading in digests; default: the name made readable.",
+    )
     # Flap suppression: a notification waits this long after its change was detected, and is
     # not sent if the object came back to where it was meanwhile (see evaluators/debounce.py).
-    debounce: Duration | None = None
+    debounce: Duration | None = Field(
+        default=None,
+        description=(
+            "Wait this long before notifying, and say nothing if the object came back meanwhile."
+        ),
+    )
     # When the watch stops notifying until `changewatch resume` (sources/polling.py).
-    stop: StopConditions = Field(default_factory=StopConditions)
+    stop: StopConditions = Field(
+        default_factory=StopConditions,
+        description="When the watch pauses until `changewatch resume`.",
+    )
 
     @model_validator(mode="after")
     def _templates_parse(self) -> Watch:

@@ -82,8 +82,14 @@ class ColumnSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: ColumnType = "text"
-    path: str | None = None
+    type: ColumnType = Field(default="text", description="The column's type in the warehouse.")
+    path: str | None = Field(
+        default=None,
+        description=(
+            "Dotted path of the value in each record (`assignee.login`, `labels[].name`); default:"
+            " the field of the column's name."
+        ),
+    )
 
 
 def _column_shorthand(value: Any) -> Any:
@@ -101,9 +107,20 @@ class StormGuard(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    max_share: float = Field(default=0.5, gt=0, le=1)
-    min_rows: int = Field(default=100, ge=1)
+    enabled: bool = Field(
+        default=True, description="Whether a sync that changes too much is held from evaluation."
+    )
+    max_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="The share of the source's rows a sync may change before its changes are held.",
+    )
+    min_rows: int = Field(
+        default=100,
+        ge=1,
+        description="Fewest changed rows that count as a storm, whatever the share.",
+    )
 
 
 class ProbeSettings(BaseModel):
@@ -118,9 +135,23 @@ class ProbeSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    reconcile: Duration = Field(default=3600.0, gt=0)
-    timeout: Duration = Field(default=10.0, gt=0)
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Send a cheap change probe at each interval and sync only on a change (`probe: false`:"
+            " sync every interval)."
+        ),
+    )
+    reconcile: Duration = Field(
+        default=3600.0,
+        gt=0,
+        description="Sync anyway once this long has passed since the last sync requested.",
+    )
+    timeout: Duration = Field(
+        default=10.0,
+        gt=0,
+        description="Bound of each probe request (never above the source's `response_timeout`).",
+    )
 
 
 def _probe_shorthand(value: Any) -> Any:
@@ -148,56 +179,133 @@ class SourceBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    name: Identifier
-    type: str
-    table: Identifier
-    primary_key: list[Identifier] = Field(min_length=1)
-    updated_at: Identifier | None = None
-    columns: dict[Identifier, Annotated[ColumnSpec, BeforeValidator(_column_shorthand)]]
+    name: Identifier = Field(
+        description="The source's name (lowercase letters, digits, `_`), unique in the file."
+    )
+    type: str = Field(description="The connector: `rest`, `github` or `feed`.")
+    table: Identifier = Field(
+        description="The warehouse table the source syncs into, unique in the file."
+    )
+    primary_key: list[Identifier] = Field(
+        min_length=1, description="The column(s) that identify a record; one name or a list."
+    )
+    updated_at: Identifier | None = Field(
+        default=None, description="A timestamp column: the cursor of incremental syncs."
+    )
+    columns: dict[Identifier, Annotated[ColumnSpec, BeforeValidator(_column_shorthand)]] = Field(
+        description="The table's typed columns: `name: type` or `name: {type, path}`."
+    )
     # snapshot: every sync lists everything, so a missing key is a delete.
     # incremental: every sync asks only for what changed since the stored cursor.
-    sync: Literal["snapshot", "incremental"] = "snapshot"
-    interval: Duration = 900.0
+    sync: Literal["snapshot", "incremental"] = Field(
+        default="snapshot",
+        description=(
+            "`snapshot`: every sync lists everything (a missing key is a delete); `incremental`: "
+            "only what changed since the cursor."
+        ),
+    )
+    interval: Duration = Field(
+        default=900.0, description="How often the source is probed (or synced, without probes)."
+    )
     # The adaptive envelope (sources/polling.py): with both set, the sensor probes between
     # these as changes come and go, starting at `interval`; without, at every interval.
-    min_interval: Duration | None = None
-    max_interval: Duration | None = None
-    jitter: Duration = 0.0
-    cron: str | None = None
-    timezone: str = "UTC"
-    description: str | None = None
+    min_interval: Duration | None = Field(
+        default=None, description="Lower bound of the adaptive envelope (set with `max_interval`)."
+    )
+    max_interval: Duration | None = Field(
+        default=None, description="Upper bound of the adaptive envelope (set with `min_interval`)."
+    )
+    jitter: Duration = Field(
+        default=0.0,
+        description=(
+            "Up to this much, stable per source, added to each interval so sources spread out."
+        ),
+    )
+    cron: str | None = Field(
+        default=None, description="A cron schedule to sync on instead of the interval."
+    )
+    timezone: str = Field(default="UTC", description="The time zone of `cron`.")
+    description: str | None = Field(
+        default=None, description="What the source is, for people (shown in the Dagster UI)."
+    )
     # silent: the first sync records the baseline without handing its changes to watches,
     # so turning on a watch does not notify about every object that already exists.
-    baseline: Literal["silent", "evaluate"] = "silent"
-    storm: StormGuard = Field(default_factory=StormGuard)
+    baseline: Literal["silent", "evaluate"] = Field(
+        default="silent",
+        description=(
+            "`silent`: the first sync records a baseline no watch is told about; `evaluate`: "
+            "watches see it."
+        ),
+    )
+    storm: StormGuard = Field(
+        default_factory=StormGuard,
+        description="Holds a sync's changes when it changes too much of the source at once.",
+    )
     # When a payload field appears that was not there before (schema drift): evolve adds it
     # as a column of the table, discard keeps it in the raw payload only, freeze fails the
     # sync until the config says what to do. Either way a drift event is recorded, and the
     # content hash (declared columns only) does not change.
-    schema_mode: Literal["evolve", "discard", "freeze"] = Field(default="evolve", alias="schema")
+    schema_mode: Literal["evolve", "discard", "freeze"] = Field(
+        default="evolve",
+        alias="schema",
+        description=(
+            "A payload field that was not there before: `evolve` adds a column, `discard` keeps it"
+            " in the raw payload, `freeze` fails the sync."
+        ),
+    )
     # A cron for a reconciliation sweep: a full walk that turns vanished objects into deletes
     # (for incremental sources, whose `since` walks cannot see deletions).
-    reconcile: str | None = None
+    reconcile: str | None = Field(
+        default=None,
+        description=(
+            "A cron for a full sweep that turns vanished objects into deletes (for incremental "
+            "sources)."
+        ),
+    )
     # Between syncs, a cheap request says whether anything changed (ProbeSettings).
     probe: Annotated[ProbeSettings, BeforeValidator(_probe_shorthand)] = Field(
-        default_factory=ProbeSettings
+        default_factory=ProbeSettings,
+        description="The cheap change probe sent between syncs (`false`: none).",
     )
     # When polling stops until `changewatch resume` (sources/polling.py).
-    stop: SourceStop = Field(default_factory=SourceStop)
+    stop: SourceStop = Field(
+        default_factory=SourceStop, description="When polling pauses until `changewatch resume`."
+    )
     # Where the provider sends change events (sources/webhook.py); polling then only reconciles.
-    webhook: WebhookSettings | None = None
+    webhook: WebhookSettings | None = Field(
+        default=None,
+        description="Where the provider POSTs change events; polling then only reconciles.",
+    )
     # Bounds of what one sync accepts from the API (see sources/limits.py): decoded bytes of
     # one response, seconds one response may take to arrive whole, seconds the whole walk may
     # take. Passing one fails the sync, naming the source, the request and the setting.
-    max_response_bytes: ByteSize = Field(default=DEFAULT_MAX_RESPONSE_BYTES, ge=1)
-    response_timeout: Duration = Field(default=DEFAULT_RESPONSE_TIMEOUT, gt=0)
-    sync_timeout: Duration = Field(default=DEFAULT_SYNC_TIMEOUT, gt=0)
+    max_response_bytes: ByteSize = Field(
+        default=DEFAULT_MAX_RESPONSE_BYTES,
+        ge=1,
+        description="Largest response (counted decoded) one request may return.",
+    )
+    response_timeout: Duration = Field(
+        default=DEFAULT_RESPONSE_TIMEOUT,
+        gt=0,
+        description="Longest one response may take, from the request to its last byte.",
+    )
+    sync_timeout: Duration = Field(
+        default=DEFAULT_SYNC_TIMEOUT,
+        gt=0,
+        description="Longest the whole walk of a sync may take (pages, retries, rate-limit waits).",
+    )
     # The largest value (a string's UTF-8 bytes, anything else as JSON text) a record may
     # carry. Normalizing a document takes DuckDB 19 (text) to 35 (a json column) times its size
     # in memory, so a sync refuses one value past this, naming source, record and field,
     # instead of running out. 32 MiB: what a sync stores within about 0.75 GiB of RSS on both
     # backends (bench/bench_big_values.py); 64 MiB of json needed over 2 GB.
-    max_value_bytes: ByteSize = Field(default=32 << 20, ge=1)
+    max_value_bytes: ByteSize = Field(
+        default=32 << 20,
+        ge=1,
+        description=(
+            "Largest single value a record may carry (a string's UTF-8 bytes, else its JSON)."
+        ),
+    )
     on_bad_record: Literal["fail", "skip"] = Field(
         default="fail",
         description=(
@@ -213,7 +321,13 @@ class SourceBase(BaseModel):
     # A redirect into a loopback, link-local or private network is refused unless base_url is
     # in that kind of network itself (a cloud's metadata service is one redirect away from
     # any API); true follows it anyway, for an API that hands off to an internal host.
-    allow_private_redirects: bool = False
+    allow_private_redirects: bool = Field(
+        default=False,
+        description=(
+            "Follow a redirect into a loopback, link-local or private network even when "
+            "base_url is not in one."
+        ),
+    )
 
     # Whether a walk without cursor returns the complete listing (so a reconciliation sweep
     # can turn absent keys into deletes). Feeds, which show only their latest entries, can't.

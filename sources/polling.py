@@ -30,8 +30,17 @@ class StopConditions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    until: datetime | date | None = None
-    after_notifications: int | None = Field(default=None, ge=1)
+    until: datetime | date | None = Field(
+        default=None,
+        description=(
+            "A date (polled through that day, UTC) or a time (naive: UTC) after which it pauses."
+        ),
+    )
+    after_notifications: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pause once this many notifications were delivered since the last resume.",
+    )
 
     @field_validator("until", mode="before")
     @classmethod
@@ -68,7 +77,9 @@ class StopConditions(BaseModel):
 class SourceStop(StopConditions):
     """A source's stop conditions: a watch's, and ``max_failures`` failed probes in a row."""
 
-    max_failures: int | None = Field(default=None, ge=1)
+    max_failures: int | None = Field(
+        default=None, ge=1, description="Pause after this many failed change probes in a row."
+    )
 
 
 def envelope_problem(source: SourceBase) -> str | None:

@@ -98,8 +98,13 @@ class ForEach(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    values: list[str] | None = Field(default=None, min_length=1)
-    query: str | None = None
+    values: list[str] | None = Field(default=None, min_length=1, description="The targets, listed.")
+    query: str | None = Field(
+        default=None,
+        description=(
+            "A SELECT over synced tables whose first column lists the targets, read by each run."
+        ),
+    )
 
     @field_validator("values")
     @classmethod

@@ -76,14 +76,41 @@ class WebhookSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: Annotated[str, BeforeValidator(_path)]
-    secret_env: Annotated[str, BeforeValidator(_env_name)]
-    provider: Literal["github", "standard", "hmac"] | None = None
-    signature_header: Annotated[str, BeforeValidator(_header)] = "X-Signature-256"
-    id_header: Annotated[str, BeforeValidator(_header)] = "X-Delivery-Id"
-    max_body_bytes: ByteSize = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1)
-    tolerance: Annotated[float, BeforeValidator(_duration)] = Field(default=300.0, gt=0)
-    reconcile: Annotated[float, BeforeValidator(_duration)] = Field(default=3600.0, gt=0)
+    path: Annotated[str, BeforeValidator(_path)] = Field(
+        description="The path on the receiver (`changewatch webhooks`) the provider POSTs to."
+    )
+    secret_env: Annotated[str, BeforeValidator(_env_name)] = Field(
+        description="The environment variable holding the signing secret."
+    )
+    provider: Literal["github", "standard", "hmac"] | None = Field(
+        default=None,
+        description=(
+            "The signature scheme: `github`, `standard` (Standard Webhooks) or `hmac`; default: "
+            "`github` for a GitHub source, else `standard`."
+        ),
+    )
+    signature_header: Annotated[str, BeforeValidator(_header)] = Field(
+        default="X-Signature-256",
+        description="With `hmac`: the header holding the hex HMAC-SHA256 of the body.",
+    )
+    id_header: Annotated[str, BeforeValidator(_header)] = Field(
+        default="X-Delivery-Id", description="With `hmac`: the header holding the delivery id."
+    )
+    max_body_bytes: ByteSize = Field(
+        default=DEFAULT_MAX_BODY_BYTES, ge=1, description="Largest delivery accepted (larger: 413)."
+    )
+    tolerance: Annotated[float, BeforeValidator(_duration)] = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "How far a Standard Webhooks timestamp may be from the receiver's clock (else 401)."
+        ),
+    )
+    reconcile: Annotated[float, BeforeValidator(_duration)] = Field(
+        default=3600.0,
+        gt=0,
+        description="How often the source is still polled, to catch what a webhook missed.",
+    )
 
 
 def webhook_provider(source_type: str, settings: WebhookSettings) -> str:

@@ -26,7 +26,7 @@ from changewatch.warehouse.schema import (
     ensure_source_tables,
 )
 from changewatch.warehouse.statements import quote, render
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["PruneStats", "RetentionConfig", "prune"]
 
@@ -42,15 +42,31 @@ class RetentionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # Change-log entries (and their evaluations), counted from detection (or release).
-    changes: Duration | None = None
+    changes: Duration | None = Field(
+        default=None,
+        description=(
+            "Age after which change-log entries (and their evaluations) go, from detection."
+        ),
+    )
     # Records of finished sync runs, counted from their start.
-    sync_runs: Duration | None = None
+    sync_runs: Duration | None = Field(
+        default=None,
+        description="Age after which records of finished sync runs go, from their start.",
+    )
     # The content (title, body, summary, payload) of notifications whose deliveries are over.
-    notifications: Duration | None = None
+    notifications: Duration | None = Field(
+        default=None,
+        description=(
+            "Age after which the content of notifications whose deliveries are over is cleared "
+            "(their dedupe keys stay)."
+        ),
+    )
     # Cached judge verdicts (their summaries and reasoning), counted from when they came.
-    verdicts: Duration | None = None
+    verdicts: Duration | None = Field(
+        default=None, description="Age after which cached judge verdicts go."
+    )
     # When the Dagster schedule prunes (cron, UTC).
-    cron: str = "30 3 * * *"
+    cron: str = Field(default="30 3 * * *", description="When the Dagster schedule prunes (UTC).")
 
     @field_validator("changes", "sync_runs", "notifications", "verdicts")
     @classmethod

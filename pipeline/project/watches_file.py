@@ -80,7 +80,15 @@ class PollingConfig(BaseModel):
     # run costs some 6 core-seconds before its syncs (bench/bench_fleet.py), so with changes
     # at every tick a longer tick starts fewer runs, for up to one tick more of delay.
     # Dagster's daemon looks at sensors every 5 s and gives a tick 60 s to finish.
-    tick: Duration = Field(default=DEFAULT_TICK, ge=5, le=3600)
+    tick: Duration = Field(
+        default=DEFAULT_TICK,
+        ge=5,
+        le=3600,
+        description=(
+            "Time between two ticks of the sync sensors (5s to 1h); the syncs due at one tick "
+            "share a run."
+        ),
+    )
 
 
 class ChangewatchConfig(BaseModel):
@@ -89,17 +97,37 @@ class ChangewatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # The file format's version: a file written for another format is refused, not guessed at.
-    version: int = 1
-    sources: list[Annotated[SourceConfig, Field()]] = Field(default_factory=list)
-    channels: list[ChannelConfig] = Field(default_factory=list)
-    watches: list[Watch] = Field(default_factory=list)
-    digests: list[DigestConfig] = Field(default_factory=list)
-    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    version: int = Field(default=1, description="The file format's version; only 1 is read.")
+    sources: list[Annotated[SourceConfig, Field()]] = Field(
+        default_factory=list, description="The APIs to sync, each into a table of its own."
+    )
+    channels: list[ChannelConfig] = Field(
+        default_factory=list,
+        description="Where notifications go (console, file, email, webhook, Apprise).",
+    )
+    watches: list[Watch] = Field(
+        default_factory=list,
+        description="Which changes of which sources matter, and to which channels they go.",
+    )
+    digests: list[DigestConfig] = Field(
+        default_factory=list,
+        description="Periodic emails summarizing the notifications of some watches.",
+    )
+    retention: RetentionConfig = Field(
+        default_factory=RetentionConfig,
+        description="How long the warehouse keeps what grows (unset: keep everything).",
+    )
     # Signed feedback links in notifications (off without it).
-    feedback: FeedbackConfig | None = None
+    feedback: FeedbackConfig | None = Field(
+        default=None, description="Signed useful/noise links in notifications; off without it."
+    )
     # How notifications are delivered: the claim lease after which a send counts as crashed.
-    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
-    polling: PollingConfig = Field(default_factory=PollingConfig)
+    delivery: DeliveryConfig = Field(
+        default_factory=DeliveryConfig, description="How notifications are delivered."
+    )
+    polling: PollingConfig = Field(
+        default_factory=PollingConfig, description="How the sync sensors poll."
+    )
     _positions: dict[str, int] = PrivateAttr(default_factory=dict)
     _filters: dict[tuple, dict[str, CompiledFilter]] = PrivateAttr(default_factory=dict)
 

@@ -38,13 +38,21 @@ class FeedSourceConfig(SourceBase):
     # A feed shows a window of recent entries: no walk lists everything, so no sweep.
     lists_everything: ClassVar[bool] = False
 
-    type: Literal["feed"]
-    url: str
+    type: Literal["feed"] = Field(description="An RSS, Atom or JSON feed.")
+    url: str = Field(description="The feed's URL.")
     # Non-secret request headers (e.g. a different Accept); credentials go under `auth`.
-    headers: PublicHeaders = {}
-    auth: AuthConfig | None = None
+    headers: PublicHeaders = Field(
+        default={},
+        description="Request headers that are not credentials (credentials go under `auth`).",
+    )
+    auth: AuthConfig | None = Field(
+        default=None,
+        description="How requests authenticate; the secrets come from environment variables.",
+    )
     # Entries one response may list (counted before they are parsed; see sources/limits.py).
-    max_entries: int = Field(default=DEFAULT_MAX_ENTRIES, gt=0)
+    max_entries: int = Field(
+        default=DEFAULT_MAX_ENTRIES, gt=0, description="Most entries one response may list."
+    )
 
     @model_validator(mode="before")
     @classmethod

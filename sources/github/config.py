@@ -47,26 +47,56 @@ class GitHubSourceConfig(SourceBase):
     ``DEFAULT_COLUMNS``.
     """
 
-    type: Literal["github"]
-    repos: list[str] | None = Field(default=None, min_length=1)
+    type: Literal["github"] = Field(description="GitHub issues and pull requests.")
+    repos: list[str] | None = Field(
+        default=None, min_length=1, description="The repositories, as `owner/name`."
+    )
     # A fleet (sources/fleet.py): each repository synced on its own (its own cursor and
     # validators, a partition of the source's asset), into the one table keyed by `repo`.
-    fleet: bool = False
+    fleet: bool = Field(
+        default=False,
+        description="Sync each repository on its own (its own cursor, a partition of the asset).",
+    )
     # The repositories of a fleet read from the warehouse (first column of a read of synced
     # tables, e.g. an organization's repository listing), by each run of the fleet.
-    repos_query: str | None = None
+    repos_query: str | None = Field(
+        default=None,
+        description=(
+            "A fleet's repositories read from the warehouse: a SELECT over synced tables, first "
+            "column."
+        ),
+    )
     # The NAME of the environment variable holding a token; None: anonymous (60 requests/h).
-    token_env: EnvVarName | None = None
-    base_url: str = "https://api.github.com"
-    per_page: int = Field(default=100, ge=1, le=100)
-    include_pull_requests: bool = True
+    token_env: EnvVarName | None = Field(
+        default=None,
+        description=(
+            "The environment variable holding a token; unset: anonymous (60 requests an hour)."
+        ),
+    )
+    base_url: str = Field(
+        default="https://api.github.com",
+        description="The API's origin (GitHub Enterprise: its API URL).",
+    )
+    per_page: int = Field(default=100, ge=1, le=100, description="Issues per page (at most 100).")
+    include_pull_requests: bool = Field(
+        default=True, description="Keep pull requests, which GitHub lists as issues."
+    )
     # Most pages of one repository's walk.
-    page_limit: int = Field(default=DEFAULT_PAGE_LIMIT, gt=0)
+    page_limit: int = Field(
+        default=DEFAULT_PAGE_LIMIT, gt=0, description="Most pages of one repository's walk."
+    )
     # Sent `since` is the cursor minus this. Repositories are walked one after another under
     # one cursor (the newest change seen in any of them), so an update made in a repository
     # already walked, older than another's newest, would fall behind the cursor; the lag,
     # with dedupe by primary key and content hash, picks such late rows up.
-    lag: Duration = Field(default=600.0, ge=0)
+    lag: Duration = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "Subtracted from the cursor sent as `since`, to pick up late updates across "
+            "repositories."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -37,19 +37,27 @@ class _Model(BaseModel):
 class NoPagination(_Model):
     """One request returns everything."""
 
-    type: Literal["none"] = "none"
+    type: Literal["none"] = Field(default="none", description="One request returns everything.")
 
 
 class PageNumberPagination(_Model):
     """``?page=1``, ``?page=2``, ... until a short or empty page (or ``total_pages_path``)."""
 
-    type: Literal["page_number"]
-    page_param: str = "page"
-    start: int = 1
-    page_size_param: str | None = None
-    page_size: int | None = Field(default=None, gt=0)
-    stop_on_empty: bool = True
-    total_pages_path: str | None = None
+    type: Literal["page_number"] = Field(description="Page numbers.")
+    page_param: str = Field(default="page", description="The query parameter of the page number.")
+    start: int = Field(default=1, description="The first page's number.")
+    page_size_param: str | None = Field(
+        default=None, description="The query parameter of the page size (needs `page_size`)."
+    )
+    page_size: int | None = Field(
+        default=None, gt=0, description="Records per page asked for; a shorter page ends the walk."
+    )
+    stop_on_empty: bool = Field(
+        default=True, description="An empty page ends the walk (off: needs `total_pages_path`)."
+    )
+    total_pages_path: str | None = Field(
+        default=None, description="Dotted path in the body of the number of pages."
+    )
 
     @model_validator(mode="after")
     def _can_stop(self) -> PageNumberPagination:
@@ -70,12 +78,23 @@ class OffsetPagination(_Model):
     until it finds them again. Rows read twice are deduplicated by normalization.
     """
 
-    type: Literal["offset"]
-    offset_param: str = "offset"
-    limit_param: str = "limit"
-    limit: int = Field(default=100, gt=0)
-    total_path: str | None = None
-    overlap: int = Field(default=0, ge=0)
+    type: Literal["offset"] = Field(description="Offsets and limits.")
+    offset_param: str = Field(default="offset", description="The query parameter of the offset.")
+    limit_param: str = Field(default="limit", description="The query parameter of the limit.")
+    limit: int = Field(
+        default=100, gt=0, description="Records per page; a shorter page ends the walk."
+    )
+    total_path: str | None = Field(
+        default=None, description="Dotted path in the body of the total number of records."
+    )
+    overlap: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Rows each page re-reads of the one before, to notice a listing that shifted (below "
+            "`limit`)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _overlap_below_limit(self) -> OffsetPagination:
@@ -87,22 +106,31 @@ class OffsetPagination(_Model):
 class LinkHeaderPagination(_Model):
     """Follow the RFC 8288 ``Link: <...>; rel="next"`` response header (GitHub style)."""
 
-    type: Literal["link_header"]
+    type: Literal["link_header"] = Field(
+        description='The `Link: <...>; rel="next"` response header.'
+    )
 
 
 class NextUrlPagination(_Model):
     """Follow a full next-page URL found at ``next_url_path`` in the body."""
 
-    type: Literal["next_url"]
-    next_url_path: str = "next"
+    type: Literal["next_url"] = Field(description="A next-page URL in the body.")
+    next_url_path: str = Field(
+        default="next", description="Dotted path in the body of the next page's URL."
+    )
 
 
 class CursorPagination(_Model):
     """Send the body's ``cursor_path`` value back as ``cursor_param`` until it is empty."""
 
-    type: Literal["cursor"]
-    cursor_path: str = "next_cursor"
-    cursor_param: str = "cursor"
+    type: Literal["cursor"] = Field(description="A cursor in the body.")
+    cursor_path: str = Field(
+        default="next_cursor",
+        description="Dotted path in the body of the next cursor; empty ends the walk.",
+    )
+    cursor_param: str = Field(
+        default="cursor", description="The query parameter the cursor is sent back as."
+    )
 
 
 PaginatorConfig = Annotated[
@@ -122,32 +150,32 @@ PaginatorConfig = Annotated[
 class BearerAuth(_Model):
     """``Authorization: Bearer <token>``."""
 
-    type: Literal["bearer"]
-    token_env: EnvVarName
+    type: Literal["bearer"] = Field(description="`Authorization: Bearer <token>`.")
+    token_env: EnvVarName = Field(description="The environment variable holding the token.")
 
 
 class BasicAuth(_Model):
     """HTTP basic auth."""
 
-    type: Literal["basic"]
-    username_env: EnvVarName
-    password_env: EnvVarName
+    type: Literal["basic"] = Field(description="HTTP basic auth.")
+    username_env: EnvVarName = Field(description="The environment variable holding the user name.")
+    password_env: EnvVarName = Field(description="The environment variable holding the password.")
 
 
 class HeaderAuth(_Model):
     """A key sent in a request header."""
 
-    type: Literal["header"]
-    name: str = "X-API-Key"
-    value_env: EnvVarName
+    type: Literal["header"] = Field(description="A key in a request header.")
+    name: str = Field(default="X-API-Key", description="The header's name.")
+    value_env: EnvVarName = Field(description="The environment variable holding the key.")
 
 
 class QueryAuth(_Model):
     """A key sent as a query parameter."""
 
-    type: Literal["query"]
-    name: str = "api_key"
-    value_env: EnvVarName
+    type: Literal["query"] = Field(description="A key in a query parameter.")
+    name: str = Field(default="api_key", description="The query parameter's name.")
+    value_env: EnvVarName = Field(description="The environment variable holding the key.")
 
 
 AuthConfig = Annotated[BearerAuth | BasicAuth | HeaderAuth | QueryAuth, Field(discriminator="type")]
@@ -175,9 +203,18 @@ class Incremental(_Model):
     seen are still fetched. Rows fetched again unchanged are no change (same content hash).
     """
 
-    param: str = "since"
-    format: Literal["iso", "unix"] = "iso"
-    lag: Duration = Field(default=0.0, ge=0)
+    param: str = Field(default="since", description="The query parameter the cursor is sent as.")
+    format: Literal["iso", "unix"] = Field(
+        default="iso",
+        description="How the cursor is sent: `iso` (ISO 8601) or `unix` (whole seconds).",
+    )
+    lag: Duration = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "Subtracted from the cursor before it is sent, to fetch rows that show up late."
+        ),
+    )
 
 
 # `{parent.<field>}` in a child's path or params: a field (dotted path) of the parent record.
@@ -196,11 +233,26 @@ class ParentListing(_Model):
     ``params``, ``records_path`` and ``paginator``; it is never filtered by the cursor.
     """
 
-    path: str
-    params: dict[str, Param] = {}
-    records_path: str | None = None
-    paginator: PaginatorConfig = NoPagination()
-    fields: dict[Identifier, str] = {}
+    path: str = Field(description="The parent listing's path on the source's `base_url`.")
+    params: dict[str, Param] = Field(
+        default={}, description="Query parameters of the parent listing."
+    )
+    records_path: str | None = Field(
+        default=None,
+        description=(
+            "Dotted path of the records in each parent page; default: the body is the list."
+        ),
+    )
+    paginator: PaginatorConfig = Field(
+        default=NoPagination(), description="How the parent listing pages."
+    )
+    fields: dict[Identifier, str] = Field(
+        default={},
+        description=(
+            "Parent fields (dotted paths) copied into every child record: `{child_column: "
+            "parent_path}`."
+        ),
+    )
 
 
 class ResponseAction(_Model):
@@ -210,8 +262,10 @@ class ResponseAction(_Model):
     child walk (``{status: 404, action: ignore}``: the parent was deleted meanwhile).
     """
 
-    status: int
-    action: Literal["ignore"]
+    status: int = Field(description="The HTTP status (201-299 or a 4xx other than 429).")
+    action: Literal["ignore"] = Field(
+        description="`ignore`: no records, and the listing (or child walk) ends."
+    )
 
     @field_validator("status")
     @classmethod
@@ -227,27 +281,66 @@ class ResponseAction(_Model):
 class RestSourceConfig(SourceBase):
     """A JSON API endpoint listed page by page (once per parent record, with ``parent``)."""
 
-    type: Literal["rest"]
-    base_url: str
-    path: str = ""
-    params: dict[str, Param] = {}
-    headers: PublicHeaders = {}
-    records_path: str | None = None
-    paginator: PaginatorConfig = NoPagination()
-    incremental: Incremental | None = None
-    auth: AuthConfig | None = None
+    type: Literal["rest"] = Field(description="A paginated JSON API.")
+    base_url: str = Field(description="The API's origin (and base path).")
+    path: str = Field(
+        default="",
+        description=(
+            "The listing's path under `base_url`; may hold `{parent.<field>}` or `{target}`."
+        ),
+    )
+    params: dict[str, Param] = Field(default={}, description="Query parameters of every request.")
+    headers: PublicHeaders = Field(
+        default={},
+        description="Request headers that are not credentials (credentials go under `auth`).",
+    )
+    records_path: str | None = Field(
+        default=None,
+        description=(
+            "Dotted path of the list of records in each page; default: the body is the list."
+        ),
+    )
+    paginator: PaginatorConfig = Field(default=NoPagination(), description="How the listing pages.")
+    incremental: Incremental | None = Field(
+        default=None, description="How an incremental sync sends the cursor."
+    )
+    auth: AuthConfig | None = Field(
+        default=None,
+        description="How requests authenticate; the secrets come from environment variables.",
+    )
     # Most pages one listing may take (the parent's, and each child walk, count separately);
     # a walk past it fails rather than sync a truncated listing.
-    page_limit: int = Field(default=DEFAULT_PAGE_LIMIT, gt=0)
-    parent: ParentListing | None = None
+    page_limit: int = Field(
+        default=DEFAULT_PAGE_LIMIT,
+        gt=0,
+        description=(
+            "Most pages one listing may take; past it the sync fails rather than keep a truncated "
+            "listing."
+        ),
+    )
+    parent: ParentListing | None = Field(
+        default=None,
+        description="A listing walked first: the source's path is walked once per parent record.",
+    )
     # Applies to the source's own requests (each child walk), never to the parent listing:
     # an ignored parent listing would look like every child was deleted.
-    response_actions: list[ResponseAction] = []
+    response_actions: list[ResponseAction] = Field(
+        default=[],
+        description="Statuses of the source's own requests to ignore instead of failing.",
+    )
     # A fleet (sources/fleet.py): one listing per target, `{target}` filled in the path or
     # params, each record stamped with its target in `target_column` (added to the columns
     # and in front of the primary key), each target synced on its own into the one table.
-    for_each: ForEach | None = None
-    target_column: Identifier = "target"
+    for_each: ForEach | None = Field(
+        default=None,
+        description="A fleet: one listing per target, `{target}` filled in the path or params.",
+    )
+    target_column: Identifier = Field(
+        default="target",
+        description=(
+            "A fleet's column that holds each record's target (put in front of the primary key)."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,7 @@ from changewatch.channels.file import FileChannel
 from changewatch.channels.outbox import _notification as notification_of
 from changewatch.sources.demo import DemoAPIServer
 from changewatch.warehouse import connect
+from patience import reaped
 from test_outbox import queue_notifications, statuses
 
 DRIVER = Path(__file__).with_name("delivery_driver.py")
@@ -176,8 +177,8 @@ def kill_while_held(url: str, channels: list[dict[str, Any]], hold: Hold, after:
 
 def finish(url: str, channels: list[dict[str, Any]]) -> str:
     """A last, uninterrupted pass; what it printed."""
-    proc = run_driver(url, channels)
-    out, err = proc.communicate(timeout=STUCK)
+    with reaped([run_driver(url, channels)]) as (proc,):  # killed if the wait is cut short
+        out, err = proc.communicate(timeout=STUCK)
     assert proc.returncode == 0, err
     return out
 
@@ -187,6 +188,7 @@ def outbox_ids(url: str) -> set[str]:
         return {i for (i,) in wh.fetch("SELECT notification_id FROM outbox")}
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_webhook_delivery_loses_none_and_repeats_at_most_one_per_kill(
     warehouse_url: str, demo_api: DemoAPIServer, webhook_hold: tuple[Hold, str]
 ) -> None:
@@ -207,6 +209,7 @@ def test_kill_9_during_webhook_delivery_loses_none_and_repeats_at_most_one_per_k
     assert "1 requeued after a crash" in last, last
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_email_delivery_sends_none_twice_and_loses_at_most_one_per_kill(
     warehouse_url: str, demo_api: DemoAPIServer, smtp_hold: tuple[Hold, int]
 ) -> None:
@@ -273,6 +276,7 @@ def test_a_file_batch_cut_short_after_its_write_is_not_written_twice(
     assert sorted(statuses(warehouse_url)) == [("log", "sent", 1)] + [("log", "sent", 2)] * 5
 
 
+@pytest.mark.e2e  # kill tests: a deliverer process SIGKILLed three times
 def test_kill_9_during_file_delivery_writes_each_line_once(
     warehouse_url: str, demo_api: DemoAPIServer, tmp_path: Path
 ) -> None:

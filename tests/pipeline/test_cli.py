@@ -111,6 +111,7 @@ def run_demo(cwd: Path, llm: str) -> subprocess.CompletedProcess[str]:
     return run_cli("demo", *args, cwd=cwd, CHANGEWATCH_LLM_BASE_URL=llm)
 
 
+@pytest.mark.e2e  # the whole demo, three passes (142 s measured on a loaded 2-core machine)
 def test_demo_tells_the_whole_story(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llm_url: str
 ) -> None:

@@ -67,6 +67,7 @@ def test_a_day_by_hand_is_the_window_of_its_partition() -> None:
         assert day_window(digest, date.fromisoformat(day)) == (window.start, window.end)
 
 
+@pytest.mark.e2e  # five `changewatch` processes in a row, per backend (90-112 s under load)
 def test_today_is_refused_whole_and_sent_so_far_with_partial(
     warehouse_url: str, demo_api, tmp_path: Path
 ) -> None:

@@ -7,7 +7,7 @@ each sync fetches and then waits at its commit; only when all eight wait at once
 opened. With one `warehouse` pool slot for everything, seven would wait for the slot instead.
 
 No Docker engine runs here: the compose file is checked as data against the commands the
-README documents, and those commands run for real (code server, webserver, daemon).
+docs/deploy.md documents, and those commands run for real (code server, webserver, daemon).
 """
 
 from __future__ import annotations
@@ -300,9 +300,9 @@ DEPLOY = REPO / "deploy"
 
 
 def documented_commands() -> list[list[str]]:
-    """The commands of the README's "Deploy on several processes" block, minus setup."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Deploy on several processes", 1)[1].split("\n## ", 1)[0]
+    """The commands of the docs' "Deploy on several processes" block, minus setup."""
+    page = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    section = page.split("# Deploy on several processes", 1)[1].split("\n## ", 1)[0]
     [block] = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     return [
         shlex.split(line)
@@ -312,9 +312,9 @@ def documented_commands() -> list[list[str]]:
 
 
 def documented_environment() -> dict[str, str]:
-    """The variables the README's "Deploy on several processes" block exports."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Deploy on several processes", 1)[1].split("\n## ", 1)[0]
+    """The variables the docs' "Deploy on several processes" block exports."""
+    page = (REPO / "docs" / "deploy.md").read_text(encoding="utf-8")
+    section = page.split("# Deploy on several processes", 1)[1].split("\n## ", 1)[0]
     [block] = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
     words = [
         w
@@ -390,7 +390,7 @@ def test_compose_runs_the_documented_processes_on_one_postgres():
         assert watches.endswith(f":{env['CHANGEWATCH_CONFIG']}:ro"), name
         assert outputs == "outputs:/opt/changewatch/.changewatch", name
     assert "outputs" in compose()["volumes"]
-    # The README's block says where the watches file goes, where compose mounts it.
+    # The docs' deploy block says where the watches file goes, where compose mounts it.
     exported = documented_environment()
     assert exported["CHANGEWATCH_CONFIG"] == services["code"]["environment"]["CHANGEWATCH_CONFIG"]
     assert exported["CHANGEWATCH_CODE_PORT"] == code_port
