@@ -49,6 +49,13 @@ class Cascade:
         except BaseException:
             self.close()
             raise
+        # The cache's key with the cascade's version (which names every judge's model): the
+        # first judge's identity, and that of any later local judge, whose file the version
+        # cannot see.
+        later = [j.model_id for j in self.judges[1:] if j.model_id != j.config.model]
+        self.model_id = " > ".join([self.judges[0].model_id, *later])
+        # Its name in eval results: every judge's identity in order.
+        self.label = " > ".join(judge.model_id for judge in self.judges)
 
     @property
     def url(self) -> str:
@@ -82,7 +89,7 @@ class Cascade:
         return replace(
             final,
             verdict=verdict,
-            model=self.config.model,  # the cache's key, with the cascade's version
+            model=self.model_id,  # the cache's key, with the cascade's version
             judge_version=self.version,
             prompt_tokens=sum(s.prompt_tokens for s in stages),
             completion_tokens=sum(s.completion_tokens for s in stages),

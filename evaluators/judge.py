@@ -63,6 +63,7 @@ __all__ = [
     "Verdict",
     "build_client",
     "judge_version",
+    "model_identity",
 ]
 
 # These log request URLs and headers at DEBUG/INFO level.
@@ -177,6 +178,20 @@ class JudgeOutcome:
         """Whether to notify: the model says so, and is at least ``min_confidence`` sure."""
         v = self.verdict
         return v is not None and v.should_notify and v.confidence >= self.min_confidence
+
+
+def model_identity(model: str) -> str:
+    """The identity a verdict of ``model`` is recorded and cached under: the served model's
+    name, or for ``local`` the GGUF file's name and content hash (local_model.identity).
+
+    >>> model_identity("gpt-4o-mini")
+    'gpt-4o-mini'
+    """
+    if model == LOCAL_MODEL:
+        from changewatch.evaluators import local_model
+
+        return local_model.identity()
+    return model
 
 
 def judge_version(config: JudgeConfig) -> str:
@@ -455,6 +470,8 @@ class Judge:
             raise ValueError("a judge cascade is judged by evaluators.cascade.make_judge")
         self.config = config
         self.version = judge_version(config)
+        # What its verdicts are recorded and cached under (see model_identity).
+        self.model_id = model_identity(config.model)
         self._owns_client = client is None
         self._client = client if client is not None else build_client(config)
         # See the module doc for why Mode.JSON. The local model's endpoint turns a JSON
@@ -602,7 +619,7 @@ class Judge:
         return JudgeOutcome(
             verdict=verdict,
             error=error,
-            model=config.model,
+            model=self.model_id,
             judge_version=self.version,
             prompt_tokens=counts["prompt"],
             completion_tokens=counts["completion"],
@@ -620,7 +637,7 @@ class Judge:
         return JudgeOutcome(
             verdict=None,
             error=error,
-            model=self.config.model,
+            model=self.model_id,
             judge_version=self.version,
             prompt_tokens=0,
             completion_tokens=0,
