@@ -38,12 +38,11 @@ def learned_stage(watch: Any) -> Any:
     )
 
 
-def train_watch(config_file: Any, watch: Any) -> str:
-    """Train ``watch``'s learned stage from the warehouse's labels and the examples file;
-    the line saying what came of it."""
+def train_watch(wh: Any, config_file: Any, watch: Any) -> str:
+    """Train ``watch``'s learned stage from the labels in warehouse ``wh`` and the examples
+    file beside ``config_file``; the line saying what came of it."""
     from changewatch.evaluators.evals import examples_path, load_examples
     from changewatch.evaluators.feedback import export_examples
-    from changewatch.warehouse import connect
     from changewatch.warehouse.schema import ensure_evaluation_tables
     from changewatch.warehouse.statements import render
 
@@ -58,11 +57,10 @@ def train_watch(config_file: Any, watch: Any) -> str:
     path = examples_path(config_file, watch.name)
     if path.is_file():
         examples = list(load_examples(path))  # EvalError names the file and example
-    with connect() as wh:
-        with wh.transaction():
-            ensure_evaluation_tables(wh)
-        examples += export_examples(wh, watch.name)
-        served = wh.fetch(render("select_served_verdict_prompts", wh.dialect), (watch.name,))
+    with wh.transaction():
+        ensure_evaluation_tables(wh)
+    examples += export_examples(wh, watch.name)
+    served = wh.fetch(render("select_served_verdict_prompts", wh.dialect), (watch.name,))
     labels = learned_training.labels_of(
         watch.name, examples, served, min_confidence=watch.judge.min_confidence
     )
@@ -75,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     from changewatch.pipeline.cli import _known
     from changewatch.pipeline.config import load_config
     from changewatch.pipeline.locations import config_path
+    from changewatch.warehouse import connect
 
     config = load_config(args.config)
     _known("watch", args.watch, [w.name for w in config.watches])
-    print(train_watch(config_path(args.config), config.watch(args.watch)))
+    with connect() as wh:
+        print(train_watch(wh, config_path(args.config), config.watch(args.watch)))
     return 0

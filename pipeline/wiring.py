@@ -15,6 +15,7 @@ from changewatch.pipeline.fleet import (
     fleet_sensor,
     is_fleet,
 )
+from changewatch.pipeline.learned_assets import learned_assets
 from changewatch.pipeline.maintenance import retention_asset, retention_schedule
 from changewatch.pipeline.poll_schedule import poll_schedule_asset, poll_schedule_job
 from changewatch.pipeline.resources import (
@@ -144,6 +145,8 @@ def build_definitions(
         )
         delivery_jobs.append(deliver_job)
         schedules.append(debounce_schedule(debounces, deliver_job))
+    # Only watches with a learned judge stage get one: the asset graph of others is unchanged.
+    assets += learned_assets(config)
     maintenance_jobs = []
     if config.retention.enabled:
         assets.append(retention_asset(config, warehouse_url=url))
