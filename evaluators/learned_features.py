@@ -25,6 +25,10 @@ INSTALL_HINT = "the learned judge stage needs `pip install -e '.[learn]'`"
 # Relative differences beyond this many times the old value say nothing more.
 _MAX_RELATIVE = 10.0
 
+# Embeddings already computed, by text: training, cross-validation and the learning curve
+# embed the same changes again and again.
+_CACHED = 20_000
+_cache: dict[str, np.ndarray] = {}
 _model: Any = None
 _lock = threading.Lock()
 
@@ -46,12 +50,16 @@ def _encoder() -> Any:
 
 def embed(texts: Sequence[str]) -> np.ndarray:
     """Unit-length sentence embeddings of ``texts``, one 384-float row each."""
+    missing = sorted({text for text in texts if text not in _cache})
+    if missing:
+        rows = _encoder().encode(missing, batch_size=32, normalize_embeddings=True)
+        with _lock:
+            if len(_cache) + len(missing) > _CACHED:
+                _cache.clear()
+            _cache.update(zip(missing, np.asarray(rows, dtype=np.float32), strict=True))
     if not texts:
         return np.zeros((0, 384), dtype=np.float32)
-    return np.asarray(
-        _encoder().encode(list(texts), batch_size=32, normalize_embeddings=True),
-        dtype=np.float32,
-    )
+    return np.stack([_cache[text] for text in texts])
 
 
 def values_of(prompt: str) -> tuple[dict[str, Any], dict[str, Any]]:
