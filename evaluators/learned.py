@@ -93,7 +93,7 @@ def choose_threshold(p: np.ndarray, y: np.ndarray, target: float = TARGET_PRECIS
     and accuracy at ``target`` (1.0, deciding nothing, when none does).
 
     >>> choose_threshold(np.array([0.95, 0.9, 0.6, 0.4, 0.1]), np.array([1, 1, 0, 1, 0]))
-    0.9
+    0.61
     """
     for threshold in np.round(np.arange(0.5, 1.0, 0.01), 2):
         notify, skip = p >= threshold, p <= 1 - threshold
