@@ -18,10 +18,20 @@ verdict is not a decision.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-from changewatch.evaluators.config import JudgeConfig
-from changewatch.evaluators.judge import ChangeForJudge, Judge, JudgeOutcome, judge_version
+from changewatch.evaluators.config import LEARNED_MODEL, JudgeConfig
+from changewatch.evaluators.judge import (
+    ChangeForJudge,
+    Judge,
+    JudgeConfigError,
+    JudgeOutcome,
+    judge_version,
+)
 from changewatch.evaluators.verdict_limits import capped
+
+if TYPE_CHECKING:  # numpy and scikit-learn load only for a watch that has a learned stage
+    from changewatch.evaluators.learned import LearnedJudge
 
 __all__ = ["AnyJudge", "Cascade", "cascade_label", "make_judge"]
 
@@ -42,13 +52,20 @@ class Cascade:
     def __init__(self, config: JudgeConfig) -> None:
         self.config = config
         self.version = judge_version(config)
-        self.judges: list[Judge] = []
+        self.judges: list[Judge | LearnedJudge] = []
         try:
             for judge_config in config.judges():
-                self.judges.append(Judge(judge_config))
+                self.judges.append(_single(judge_config))
         except BaseException:
             self.close()
             raise
+        # The cache's key with the cascade's version (which names every judge's model): the
+        # first judge's identity, and that of any later local judge, whose file the version
+        # cannot see.
+        later = [j.model_id for j in self.judges[1:] if j.model_id != j.config.model]
+        self.model_id = " > ".join([self.judges[0].model_id, *later])
+        # Its name in eval results: every judge's identity in order.
+        self.label = " > ".join(judge.model_id for judge in self.judges)
 
     @property
     def url(self) -> str:
@@ -64,9 +81,10 @@ class Cascade:
         for index, judge in enumerate(self.judges):
             if index:
                 verdict = stages[-1].verdict
-                if (
-                    verdict is not None
-                    and verdict.confidence >= self.config.then[index - 1].unsure_below
+                # The learned stage gives a verdict only where it is sure (its threshold).
+                learned = getattr(self.judges[index - 1], "learned", False)
+                if verdict is not None and (
+                    learned or verdict.confidence >= self.config.then[index - 1].unsure_below
                 ):
                     break
             stages.append(judge.evaluate(change))
@@ -82,7 +100,7 @@ class Cascade:
         return replace(
             final,
             verdict=verdict,
-            model=self.config.model,  # the cache's key, with the cascade's version
+            model=self.model_id,  # the cache's key, with the cascade's version
             judge_version=self.version,
             prompt_tokens=sum(s.prompt_tokens for s in stages),
             completion_tokens=sum(s.completion_tokens for s in stages),
@@ -97,7 +115,9 @@ class Cascade:
         parts = []
         for index, stage in enumerate(stages[:-1]):
             below = self.config.then[index].unsure_below
-            if stage.verdict is None:
+            if stage.verdict is None and (stage.error or "").startswith("abstained"):
+                parts.append(f"{stage.model}: {stage.error}")
+            elif stage.verdict is None:
                 parts.append(f"{stage.model}: no verdict ({stage.error})")
             else:
                 said = "notify" if stage.verdict.should_notify else "skip"
@@ -120,9 +140,24 @@ class Cascade:
         return f"Cascade({cascade_label(self.config)!r}, version={self.version!r})"
 
 
-AnyJudge = Judge | Cascade
+if TYPE_CHECKING:
+    AnyJudge = Judge | Cascade | LearnedJudge
+else:  # the learned stage's class loads with its extra (see _single)
+    AnyJudge = Judge | Cascade
+
+
+def _single(config: JudgeConfig) -> Judge | LearnedJudge:
+    if config.model != LEARNED_MODEL:
+        return Judge(config)
+    try:
+        from changewatch.evaluators.learned import LearnedJudge
+    except ModuleNotFoundError:
+        from changewatch.evaluators.learned_features import INSTALL_HINT
+
+        raise JudgeConfigError(INSTALL_HINT) from None
+    return LearnedJudge(config)
 
 
 def make_judge(config: JudgeConfig) -> AnyJudge:
     """The judge of ``config``: a ``Cascade`` when it lists judges after the first."""
-    return Cascade(config) if config.then else Judge(config)
+    return Cascade(config) if config.then else _single(config)

@@ -9,10 +9,12 @@ from changewatch.sources.base import Duration, EnvVarName, Identifier
 from changewatch.sources.polling import StopConditions
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "NextJudge", "Watch"]
+__all__ = ["LEARNED_MODEL", "LOCAL_MODEL", "DedupePolicy", "JudgeConfig", "NextJudge", "Watch"]
 
 # `model: local`: the bundled offline model (the `[local]` extra, evaluators/local_model.py).
 LOCAL_MODEL = "local"
+# The learned stage (evaluators/learned.py): a classifier trained on the watch's labels.
+LEARNED_MODEL = "learned"
 
 
 class _Model(BaseModel):
@@ -157,6 +159,15 @@ class JudgeConfig(_Model):
     )
     price_per_mtok_output: float | None = Field(
         default=None, ge=0, description="USD per million answer tokens, for cost metadata."
+    )
+    threshold: float | None = Field(
+        default=None,
+        ge=0.5,
+        le=1,
+        description=(
+            "`model: learned` only: decide where the calibrated probability is at least this "
+            "sure (default: the threshold chosen on held-out labels when it was trained)."
+        ),
     )
     # A cascade: the judges asked after this one, in order, each about what the one before was
     # unsure of. `judge: [{...first...}, {model: ..., when: unsure}]` is the same written as

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from changewatch.evaluators.cascade import AnyJudge, Cascade, cascade_label, make_judge
+from changewatch.evaluators.cascade import AnyJudge, Cascade, make_judge
 from changewatch.evaluators.config import JudgeConfig
 from changewatch.evaluators.eval_results import ResultsWriter, result_of
 from changewatch.evaluators.evals import EvalExample
@@ -111,7 +111,7 @@ class _Scored:
 
     def alone(self, judge: Judge, answered: JudgeOutcome | None = None) -> JudgeOutcome | None:
         """The judge's result (``answered``, or asked now), unless the resumed run has it."""
-        if self._key(judge.config.model, judge.version) in self.done:
+        if self._key(judge.model_id, judge.version) in self.done:
             return None
         outcome = answered or judge.evaluate(self.example.change(self.eval_set.watch))
         self._write(outcome, judge.url)
@@ -120,7 +120,7 @@ class _Scored:
     def cascade(self, cascade: Cascade) -> JudgeOutcome | None:
         """The cascade's result, then each of its judges' alone."""
         outcome = None
-        name = cascade_label(cascade.config)
+        name = cascade.label
         if self._key(name, cascade.version) not in self.done:
             outcome = cascade.evaluate(self.example.change(self.eval_set.watch))
             self._write(outcome, cascade.url, model=name)

@@ -175,7 +175,10 @@ def evaluate_watch(
                 wh, watch, source, passed, judge, budget, stats, day=now().date()
             )
         evaluated_at = now()
-        evaluations, outbox = _decide(watch, source, changes, verdicts, version, evaluated_at)
+        model = judge.model_id if judge is not None else None
+        evaluations, outbox = _decide(
+            watch, source, changes, verdicts, version, evaluated_at, model=model
+        )
         _commit(wh, watch, source, changes, evaluations, outbox, version, evaluated_at, stats)
     if watch.judge is not None:
         stats.judge_cost_usd = watch.judge.cost(stats.prompt_tokens, stats.completion_tokens)
@@ -345,7 +348,7 @@ def judge_changes(
     try:
         cached = wh.fetch_frame(
             render("select_judge_cache_staged", wh.dialect, stage=quote("cw_judge_keys")),
-            (watch.name, version, config.model),
+            (watch.name, version, judge.model_id),
         )
     finally:
         wh.unstage("cw_judge_keys")
@@ -559,6 +562,8 @@ def _decide(
     verdicts: Mapping[int, _Decision],
     version: str,
     evaluated_at: datetime,
+    *,
+    model: str | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Evaluation rows for every change, and the notifications of those that notify.
 
@@ -602,7 +607,8 @@ def _decide(
             "summary": verdict.summary if verdict else None,
             "reasoning": verdict.reasoning if verdict else None,
             "confidence": verdict.confidence if verdict else None,
-            "model": judge.model if judge else None,
+            # The judge's identity (a local model's file and hash), else the configured name.
+            "model": (model or judge.model) if judge else None,
             "judge_version": judged_by,
             "judge_error": judged.error,
             "filter_error": None,

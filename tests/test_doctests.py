@@ -8,6 +8,12 @@ import pkgutil
 
 import pytest
 
+# Modules that need the `learn` extra (numpy, scikit-learn, sentence-transformers) at import:
+# their examples run in tests/learn/test_learn_doctests.py, in the venv that has it.
+LEARN_EXTRA = frozenset(
+    f"changewatch.evaluators.{name}"
+    for name in ("cross_validate", "learned", "learned_features", "learned_training")
+)
 PACKAGES = tuple(
     f"changewatch.{name}"
     for name in ("sources", "warehouse", "evaluators", "channels", "pipeline", "sql")
@@ -22,7 +28,8 @@ def modules() -> list[str]:
         for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
             names.append(info.name)
     # pipeline.definitions loads ./watches.yaml when imported; it has no examples to run.
-    return sorted(n for n in names if n != "changewatch.pipeline.definitions.code_location")
+    skipped = {"changewatch.pipeline.definitions.code_location", *LEARN_EXTRA}
+    return sorted(n for n in names if n not in skipped)
 
 
 @pytest.mark.parametrize("name", modules())

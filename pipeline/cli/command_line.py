@@ -127,6 +127,10 @@ def _parser() -> argparse.ArgumentParser:
 
     redeliver_command.add_parser(commands)
 
+    from changewatch.pipeline.cli import train_command
+
+    train_command.add_parser(commands)
+
     feedback = commands.add_parser(
         "feedback", help="rate a notification useful or noise (exported as eval examples)"
     )
@@ -247,6 +251,10 @@ def _run(args: argparse.Namespace) -> int:
         return run_demo(args)
     if args.command == "info":
         return _info(args.config)
+    if args.command == "train":
+        from changewatch.pipeline.cli import train_command
+
+        return train_command.run(args)
     if args.command == "eval":  # loads the watches file only when it scores a watch's judge
         from changewatch.pipeline.cli import eval_command
 

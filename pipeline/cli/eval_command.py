@@ -83,6 +83,14 @@ def add_parser(commands: Any) -> None:
     )
     evals.add_argument("--min-f1", type=float, help="exit 1 when any model's F1 is below this")
     evals.add_argument(
+        "--cross-validate",
+        type=int,
+        metavar="K",
+        help="K-fold cross-validate the learned judge stage on the examples (the `learn` extra): "
+        "alone, as a cascade (the rest to --model, if given), against always-notify and "
+        "always-skip, with a learning curve; prints a Markdown table",
+    )
+    evals.add_argument(
         "--export-feedback",
         action="store_true",
         help="print the watch's rated notifications as an examples file instead",
@@ -98,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     config_file = config_path(args.config)
     if args.export_feedback:
         return _export_feedback(args)
+    if args.cross_validate is not None:
+        return _cross_validate(args, config_file)
     sets = _watch_sets(args, config_file) if args.watch else _condition_sets(args, config_file)
     results_path = Path(args.results) if args.results else config_file.parent / RESULTS
     done = {r.key for r in read_results(results_path)} if args.resume else set()
@@ -138,6 +148,49 @@ def _export_feedback(args: argparse.Namespace) -> int:
     with connect() as wh:
         print(examples_yaml(watch, export_examples(wh, watch)), end="")
     return 0
+
+
+def _cross_validate(args: argparse.Namespace, config_file: Path) -> int:
+    """Print the cross-validation table of each examples file (a watch's, or --examples)."""
+    from changewatch.evaluators.evals import example_files, examples_path, load_examples_file
+
+    if args.cross_validate < 2:
+        raise UsageError("--cross-validate needs K of at least 2 folds")
+    try:
+        from changewatch.evaluators.cross_validate import cross_validate, format_rows
+    except ModuleNotFoundError:
+        from changewatch.evaluators.learned_features import INSTALL_HINT
+
+        raise UsageError(INSTALL_HINT) from None
+    if args.watch:
+        default = [examples_path(config_file, _watch(args).name)]
+    else:
+        default = [config_file.parent / "evals"]
+    rows = []
+    for path in example_files([Path(p) for p in args.examples or default]):
+        file = load_examples_file(path)
+        watch = args.watch or file.watch or path.stem
+        ask = _llm(args, file.condition) if args.model else None
+        rows += cross_validate(path.stem, watch, file.examples, args.cross_validate, ask)
+    print(format_rows(rows))
+    return 0
+
+
+def _llm(args: argparse.Namespace, condition: str | None) -> Any:
+    """Asks --model about an example (the cascade's rest); a verdict-less answer is skip."""
+    from changewatch.evaluators.config import JudgeConfig
+    from changewatch.evaluators.evals import EvalError
+    from changewatch.evaluators.judge import Judge
+
+    if args.watch:
+        config = _watch(args).judge.model_copy(update={"model": args.model[0], "then": []})
+        config = config.model_copy(update=_endpoint(args))
+    elif condition is None:
+        raise EvalError("an examples file without a condition needs a watch to cross-validate")
+    else:
+        config = JudgeConfig(condition=condition, model=args.model[0], **_endpoint(args))
+    judge = Judge(config)
+    return lambda example: judge.evaluate(example.change(args.watch or "eval")).notify
 
 
 def _watch(args: argparse.Namespace) -> Any:

@@ -6,6 +6,7 @@ import os
 from datetime import timedelta
 
 import dagster as dg
+from changewatch.pipeline.assets.learned_assets import learned_assets
 from changewatch.pipeline.assets.retention_assets import (
     retention_asset,
     retention_schedule,
@@ -150,6 +151,8 @@ def build_definitions(
         )
         delivery_jobs.append(deliver_job)
         schedules.append(debounce_schedule(debounces, deliver_job))
+    # Only watches with a learned judge stage get one: the asset graph of others is unchanged.
+    assets += learned_assets(config)
     maintenance_jobs = []
     if config.retention.enabled:
         assets.append(retention_asset(config, warehouse_url=url))

@@ -53,7 +53,8 @@ def test_a_local_verdict_has_the_schema_and_repeats() -> None:
     assert Verdict.model_validate(verdict.model_dump()) == verdict
     assert isinstance(verdict.should_notify, bool) and 0 <= verdict.confidence <= 1
     assert verdict.reasoning.strip() and verdict.summary.strip()
-    assert (first.model, first.attempts) == ("local", 1)
+    assert (first.model, first.attempts) == (local_model.identity(), 1)
+    assert first.model.startswith("local:SmolLM2-135M-Instruct.Q4_1.gguf@")
     assert first.prompt_tokens > 100 and first.completion_tokens > 5
     # Temperature 0: the same change, the same verdict and the same tokens.
     assert second.verdict == verdict
@@ -89,7 +90,7 @@ def test_a_judged_watch_runs_offline_and_its_verdicts_are_cached(tmp_path: Path)
     for decision, notify, reasoning, confidence, model, cache_hit, tokens in rows:
         assert decision in ("notify", "skip") and isinstance(notify, bool)
         assert reasoning.strip() and 0 <= confidence <= 1
-        assert (model, cache_hit) == ("local", False) and tokens > 0
+        assert (model, cache_hit) == (local_model.identity(), False) and tokens > 0
 
     # Replaying the same watch meets the same changes again: both verdicts come from the
     # cache, no call goes to the model ("0 judged"), and every decision stays as it was.
@@ -98,6 +99,17 @@ def test_a_judged_watch_runs_offline_and_its_verdicts_are_cached(tmp_path: Path)
     assert ", 2 passed the filter, 0 judged (2 cached); 0 added, 0 dropped, 2 unchanged" in (
         done.stdout
     )
+
+    # Another GGUF file (here a copy under another name) is another model: its verdicts are
+    # its own, none is taken from the cache of the first.
+    other = tmp_path / "other.gguf"
+    other.write_bytes(local_model.model_path().read_bytes())
+    done = run_cli(
+        "replay", "security_review", cwd=tmp_path, timeout=SLOW,
+        **{**env, local_model.MODEL_ENV: str(other)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert ", 2 passed the filter, 2 judged (0 cached)" in done.stdout
 
     # The eval harness scores the local model like any other.
     examples = [
@@ -110,7 +122,7 @@ def test_a_judged_watch_runs_offline_and_its_verdicts_are_cached(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("security_review: 2 example(s) from ")
-    assert "model local at http://127.0.0.1:" in done.stdout
+    assert "model local:SmolLM2-135M-Instruct.Q4_1.gguf@" in done.stdout
     (overall,) = [line.split() for line in lines if line.startswith("all ")]
     name, count, *_, p50, p95, tokens, calls = overall
     assert (name, count) == ("all", "2")

@@ -1,0 +1,223 @@
+"""The learned judge stage: a per-watch classifier that decides where it is sure, else abstains.
+
+``judge: [{model: learned, condition: ...}, {model: gpt-4o-mini, when: unsure}]``: the first
+stage answers from a model trained on the watch's own labels (``changewatch train WATCH``,
+evaluators/learned_training.py); only the changes it abstains on go to the LLM (the cascade,
+evaluators/cascade.py). Features are evaluators/learned_features.py's; the classifier is a
+logistic regression calibrated by cross-validation (sigmoid), so its probability can be
+thresholded: it decides notify at ``p >= threshold``, skip at ``p <= 1 - threshold`` and
+abstains between. The threshold is the judge's ``threshold``, else the one chosen when
+training on out-of-fold probabilities to keep precision and accuracy of its decisions at 0.9.
+Cold start: without a trained model (too few labels) it abstains on everything.
+
+Models are files ``<dir>/<key>.pkl`` (``$CHANGEWATCH_LEARNED_DIR``, default
+``.changewatch/learned``), the key a hash of the condition: labels are answers to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from changewatch.evaluators import learned_features as lf
+from changewatch.evaluators.config import LEARNED_MODEL, JudgeConfig
+from changewatch.evaluators.judge import ChangeForJudge, JudgeOutcome, Verdict, render_user_prompt
+
+__all__ = [
+    "DIR_ENV",
+    "LEARNED_MODEL",
+    "MIN_LABELS",
+    "TARGET_PRECISION",
+    "LearnedJudge",
+    "LearnedModel",
+    "fit",
+    "load",
+    "model_file",
+    "save",
+]
+
+DIR_ENV = "CHANGEWATCH_LEARNED_DIR"
+# Fewer labels than this (or fewer than MIN_PER_CLASS of either answer): no model, abstain.
+MIN_LABELS = 10
+MIN_PER_CLASS = 3
+# What the chosen threshold keeps on held-out (out-of-fold) labels, of the decided share.
+TARGET_PRECISION = 0.9
+_SEED = 0
+
+
+@dataclass
+class LearnedModel:
+    """A trained stage: feature recipe, calibrated classifier and its threshold."""
+
+    columns: list[str]  # numeric columns (learned_features.numeric_features)
+    classifier: Any  # sklearn's CalibratedClassifierCV
+    threshold: float  # decide where max(p, 1 - p) >= this; 1.0: never (abstain)
+    labels: int  # how many labels it was trained on
+    trained_at: float = field(default_factory=time.time)
+
+    @property
+    def version(self) -> str:
+        """16 hex of its pickled bytes: the stage's identity in verdicts and caches."""
+        return hashlib.sha256(_dumps(self)).hexdigest()[:16]
+
+    def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
+        """P(notify) for each change's prompt text."""
+        return self.classifier.predict_proba(_features(prompts, self.columns))[:, 1]
+
+
+def _features(prompts: Sequence[str], columns: Sequence[str]) -> np.ndarray:
+    return np.hstack([lf.embed(prompts), lf.numeric_features(prompts, columns)])
+
+
+def _classifier(folds: int) -> Any:
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.linear_model import LogisticRegression
+
+    # No scaling: embeddings are unit-length (each dimension small), the numeric diffs are
+    # logs and clipped ratios; standardized, 384 embedding dimensions drown the few numeric
+    # ones, which on price watches carry the signal (issue 33's baseline).
+    base = LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced")
+    return CalibratedClassifierCV(base, method="sigmoid", cv=folds)
+
+
+def choose_threshold(p: np.ndarray, y: np.ndarray, target: float = TARGET_PRECISION) -> float:
+    """The lowest threshold at which the decisions on held-out ``p`` keep notify precision
+    and accuracy at ``target`` (1.0, deciding nothing, when none does).
+
+    >>> choose_threshold(np.array([0.95, 0.9, 0.6, 0.4, 0.1]), np.array([1, 1, 0, 1, 0]))
+    0.61
+    """
+    for threshold in np.round(np.arange(0.5, 1.0, 0.01), 2):
+        notify, skip = p >= threshold, p <= 1 - threshold
+        decided = notify | skip
+        if not decided.any():
+            break
+        accuracy = float(((p >= 0.5) == y)[decided].mean())
+        precision = float(y[notify].mean()) if notify.any() else 1.0
+        if accuracy >= target and precision >= target:
+            return float(threshold)
+    return 1.0
+
+
+def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[float] | None = None,
+        threshold: float | None = None) -> LearnedModel | None:
+    """A stage trained on change prompts and labels (True: notify); None below the cold-start
+    minimum. ``weights`` weigh labels (a served judge's verdicts count less than a person's)."""
+    y = np.asarray(labels, dtype=int)
+    fewest = min(int(y.sum()), int(len(y) - y.sum()))
+    if len(y) < MIN_LABELS or fewest < MIN_PER_CLASS:
+        return None
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    columns = lf.numeric_columns(prompts)
+    x = _features(prompts, columns)
+    w = None if weights is None else np.asarray(weights, dtype=float)
+    folds = min(5, fewest)
+    inner = max(2, min(3, fewest - 1))
+    if threshold is None:
+        splits = StratifiedKFold(folds, shuffle=True, random_state=_SEED)
+        params = {} if w is None else {"sample_weight": w}
+        p = cross_val_predict(
+            _classifier(inner), x, y, cv=splits, method="predict_proba", params=params
+        )[:, 1]
+        threshold = choose_threshold(p, y)
+    classifier = _classifier(inner)
+    classifier.fit(x, y, **({} if w is None else {"sample_weight": w}))
+    return LearnedModel(columns, classifier, threshold, len(y))
+
+
+def _dumps(model: LearnedModel) -> bytes:
+    buffer = io.BytesIO()
+    pickle.dump((model.columns, model.classifier, model.threshold, model.labels), buffer)
+    return buffer.getvalue()
+
+
+def model_file(config: JudgeConfig, directory: Path | None = None) -> Path:
+    """Where the stage of ``config``'s condition is kept."""
+    directory = directory or Path(os.environ.get(DIR_ENV, ".changewatch/learned"))
+    key = hashlib.sha256(config.condition.encode()).hexdigest()[:16]
+    return directory / f"{key}.pkl"
+
+
+def save(model: LearnedModel, path: Path) -> None:
+    """Write ``model`` to ``path`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    with open(partial, "wb") as file:
+        pickle.dump(model, file)
+    partial.replace(path)
+
+
+def load(path: Path) -> LearnedModel | None:
+    """The model at ``path``; None when none was trained (or it cannot be read)."""
+    try:
+        with open(path, "rb") as file:
+            model = pickle.load(file)  # noqa: S301 (our own file, written by save())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
+        return None
+    return model if isinstance(model, LearnedModel) else None
+
+
+class LearnedJudge:
+    """The learned stage as a judge: a verdict where it is sure, else none (it abstains)."""
+
+    def __init__(self, config: JudgeConfig, *, model: LearnedModel | None = None) -> None:
+        self.config = config
+        self.version = "learned"
+        self.model = model if model is not None else load(model_file(config))
+        if self.model is not None and config.threshold is not None:
+            self.model.threshold = config.threshold
+        self.model_id = f"learned@{self.model.version}" if self.model else "learned@untrained"
+        self.url = "in-process"
+        self.learned = True  # the cascade takes its verdict as final: it abstains otherwise
+
+    def evaluate(self, change: ChangeForJudge) -> JudgeOutcome:
+        start = time.perf_counter()
+        verdict, error = None, None
+        if self.model is None:
+            error = "abstained: no model trained yet (too few labels; `changewatch train`)"
+        else:
+            p = float(self.model.probabilities([render_user_prompt(change)])[0])
+            sure = max(p, 1 - p)
+            note = f"learned stage: p(notify) {p:.2f}, threshold {self.model.threshold:.2f}"
+            if sure >= self.model.threshold:
+                notify = p >= 0.5
+                verdict = Verdict(
+                    reasoning=f"[{note}; decided.] Trained on {self.model.labels} labels.",
+                    should_notify=notify,
+                    urgency="normal",
+                    summary=f"{'Matches' if notify else 'Does not match'} the condition "
+                    f"(learned stage, p={p:.2f}).",
+                    confidence=round(sure, 4),
+                )
+            else:
+                error = f"abstained ({note})"
+        return JudgeOutcome(
+            verdict=verdict,
+            error=error,
+            model=self.model_id,
+            judge_version=self.version,
+            prompt_tokens=0,
+            completion_tokens=0,
+            latency_ms=max(1, round((time.perf_counter() - start) * 1000)),
+            attempts=0,
+            min_confidence=self.config.min_confidence,
+            fault=None,  # an abstention is nobody's fault: the next judge answers
+        )
+
+    def __enter__(self) -> LearnedJudge:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        pass  # nothing open: the model is in memory
