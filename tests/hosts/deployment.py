@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,12 +31,14 @@ import yaml
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from cw_testing import REPO
 from netns import Host, Network
-from patience import STALL_S, wait_working
+from patience import wait_working
 
 __all__ = ["Deployment", "WebhookSink"]
 
 BIN = Path(sys.executable).parent
-PG_BIN = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip())
+PG_BIN = Path(
+    subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+)
 COLUMNS = {
     "number": "bigint",
     "title": "text",
@@ -80,7 +81,8 @@ class WebhookSink:
 class Deployment:
     """The hosts, their services, and handles to look at them from the ``control`` host."""
 
-    def __init__(self, workers: int = 2, sources: int = 4, issues: int = 20):
+    def __init__(self, workers: int = 2, sources: int = 4, issues: int = 20, concurrency: int = 1):
+        self.concurrency = concurrency
         self.stack = ExitStack()
         self.root = Path(tempfile.mkdtemp(prefix="cw-hosts-"))
         self.logs = self.root / "logs"
@@ -100,7 +102,9 @@ class Deployment:
             self.trackers = {}
             with self.api.entered():
                 for i in range(self.n_sources):
-                    server = DemoAPIServer(DemoTracker(issues=self.issues, seed=i), host=self.api.address)
+                    server = DemoAPIServer(
+                        DemoTracker(issues=self.issues, seed=i), host=self.api.address
+                    )
                     self.trackers[f"tracker_{i}"] = server.start()
                     self.stack.callback(server.stop)
             self.sink = WebhookSink(self.api)
@@ -108,7 +112,7 @@ class Deployment:
             self.config = self.write_watches()
             self.start_control()
             for worker in self.workers:
-                self.start_worker(worker)
+                self.start_worker(worker, concurrency=self.concurrency)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -116,6 +120,8 @@ class Deployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stack.close()  # kills every process of every host, removes the namespaces
+        for proc in self.procs.values():
+            proc.wait(timeout=30)  # killed above: reaped here
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property
@@ -130,9 +136,18 @@ class Deployment:
         shutil.chown(self.pg_dir, "postgres", "postgres")
         self.root.chmod(0o755)
         done = subprocess.run(
-            self.pg(str(PG_BIN / "initdb"), "-D", str(self.pg_dir / "data"), "-U", "postgres",
-                    "-A", "trust", "--no-sync"),  # fmt: skip
-            capture_output=True, text=True,
+            self.pg(
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(self.pg_dir / "data"),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+            ),
+            capture_output=True,
+            text=True,
         )
         assert done.returncode == 0, done.stderr
         data = self.pg_dir / "data"
@@ -148,9 +163,17 @@ class Deployment:
         self.pg_ctl("start")
         for name in ("dagster", "warehouse"):
             self.db.run(
-                self.pg(str(PG_BIN / "psql"), "-h", self.db.address, "-U", "postgres", "-qc",
-                        f"CREATE DATABASE {name}"),  # fmt: skip
-                check=True, capture_output=True,
+                self.pg(
+                    str(PG_BIN / "psql"),
+                    "-h",
+                    self.db.address,
+                    "-U",
+                    "postgres",
+                    "-qc",
+                    f"CREATE DATABASE {name}",
+                ),
+                check=True,
+                capture_output=True,
             )
 
     def pg_ctl(self, action: str) -> None:
@@ -204,6 +227,8 @@ class Deployment:
         config = {
             "version": 1,
             "polling": {"tick": 5},
+            # A send cut short by a lost host is retried after this (webhooks: same webhook-id).
+            "delivery": {"lease": 20},
             "sources": sources,
             "channels": [{"name": "hook", "type": "webhook", "url": self.sink.url}],
             "watches": watches,
@@ -218,9 +243,18 @@ class Deployment:
             home.mkdir(parents=True)
             shutil.copy(REPO / "deploy" / "dagster-celery.yaml", home / "dagster.yaml")
             (home / "workspace.yaml").write_text(
-                yaml.safe_dump({"load_from": [{"python_module": {
-                    "module_name": "changewatch.pipeline.definitions",
-                    "location_name": "changewatch"}}]})  # fmt: skip
+                yaml.safe_dump(
+                    {
+                        "load_from": [
+                            {
+                                "python_module": {
+                                    "module_name": "changewatch.pipeline.definitions",
+                                    "location_name": "changewatch",
+                                }
+                            }
+                        ]
+                    }
+                )
             )
         broker = f"redis://{self.control.address}:6379"
         return {
@@ -240,31 +274,73 @@ class Deployment:
         env = self.env(host)
         out = (self.logs / f"{name}.log").open("a")
         self.stack.callback(out.close)
+        if name in self.procs:
+            self.procs[name].wait(timeout=30)  # a restart: the one before is gone
         self.procs[name] = host.popen(
             argv, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
         )
 
     def start_control(self) -> None:
         c = self.control
-        self.spawn(c, "redis", ["redis-server", "--bind", c.address, "--port", "6379",
-                                "--save", "", "--appendonly", "no", "--protected-mode", "no"])  # fmt: skip
+        self.spawn(
+            c,
+            "redis",
+            [
+                "redis-server",
+                "--bind",
+                c.address,
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+        )
         env = self.env(c)
         # The deployment's one-off step (deploy/docker-compose.yml's `init`).
-        done = c.run([str(BIN / "dagster"), "instance", "concurrency", "set",
-                      "warehouse/notifications", "1"],  # fmt: skip
-                     env=env, cwd=env["DAGSTER_HOME"], capture_output=True, text=True)
+        done = c.run(
+            [
+                str(BIN / "dagster"),
+                "instance",
+                "concurrency",
+                "set",
+                "warehouse/notifications",
+                "1",
+            ],
+            env=env,
+            cwd=env["DAGSTER_HOME"],
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         self.spawn(c, "daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
-        self.spawn(c, "webserver", [str(BIN / "dagster-webserver"), "-h", c.address, "-p", "3000",
-                                    "-w", "workspace.yaml"])  # fmt: skip
+        self.spawn(
+            c,
+            "webserver",
+            [str(BIN / "dagster-webserver"), "-h", c.address, "-p", "3000", "-w", "workspace.yaml"],
+        )
 
     def start_worker(self, host: Host, cpu: int | None = None, concurrency: int = 2) -> None:
         self.spawn(
             host,
             host.name,
-            [str(BIN / "celery"), "-A", "changewatch.pipeline.celery_worker", "worker",
-             "-n", f"{host.name}@%h", "-Q", "dagster", "--concurrency", str(concurrency),
-             "--loglevel", "INFO"],  # fmt: skip
+            [
+                str(BIN / "celery"),
+                "-A",
+                "changewatch.pipeline.celery_worker",
+                "worker",
+                "-n",
+                f"{host.name}@%h",
+                "-Q",
+                "dagster",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+            ],
             cpu=cpu,
         )
 
@@ -276,8 +352,10 @@ class Deployment:
         return (self.logs / f"{name}.log").read_text(errors="replace")
 
     def logs_tail(self) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                         for p in sorted(self.logs.iterdir()))  # fmt: skip
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+            for p in sorted(self.logs.iterdir())
+        )
 
     def query(self, sql: str, database: str = "warehouse", args: tuple = ()) -> list[tuple]:
         """Rows of ``sql`` on the db host, asked from the control host."""
@@ -292,22 +370,21 @@ class Deployment:
         finally:
             con.close()
 
-    def wait(self, condition: Callable[[], bool], what: str, limit: float | None = None,
-             progress: Callable[[], object] | None = None) -> float:  # fmt: skip
+    def wait(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        limit: float | None = None,
+        progress: Callable[[], object] | None = None,
+    ) -> float:
         def checked() -> bool:
             for name in ("redis", "daemon"):
                 assert self.procs[name].poll() is None, f"{name} ended\n{self.logs_tail()}"
             return condition()
 
         try:
-            return wait_working(checked, pids=self.all_pids, progress=progress, limit=limit,
-                                what=what)  # fmt: skip
+            return wait_working(
+                checked, pids=self.all_pids, progress=progress or (lambda: None), limit=limit, what=what
+            )
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.logs_tail()}") from None
-
-
-def now() -> float:
-    return time.time()
-
-
-__all__ += ["STALL_S", "now"]

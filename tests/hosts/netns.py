@@ -80,7 +80,7 @@ class Host:
     @contextmanager
     def entered(self) -> Iterator[None]:
         """Sockets made by this thread inside the block belong to this host."""
-        own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         target = os.open(f"/run/netns/{self.netns}", os.O_RDONLY)
         try:
             _setns(target)
@@ -124,8 +124,20 @@ class Network:
         ip("netns", "add", host.netns)
         self.hosts[name] = host
         ip("-n", host.netns, "link", "set", "lo", "up")
-        ip("-n", host.netns, "link", "add", "eth0", "type", "veth", "peer", "name", port,
-           "netns", self.switch)  # fmt: skip
+        ip(
+            "-n",
+            host.netns,
+            "link",
+            "add",
+            "eth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            port,
+            "netns",
+            self.switch,
+        )
         ip("-n", self.switch, "link", "set", port, "master", "br0", "up")
         ip("-n", host.netns, "addr", "add", f"{host.address}/24", "dev", "eth0")
         ip("-n", host.netns, "link", "set", "eth0", "up")

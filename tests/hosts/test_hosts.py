@@ -1,11 +1,14 @@
 """changewatch on several hosts: runs placed on worker hosts by Dagster (dagster-celery), a
 worker host lost mid-run, the db host's PostgreSQL restarted (tests/hosts/deployment.py).
 
-Root only (network namespaces): `pytest -m hosts tests/hosts -n 0`, as .ci/run does.
+Root only (network namespaces): `pytest -m hosts tests/hosts -n 0`, as .ci/run does. The tests
+share one deployment and run in order: the second kills a worker host for good.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -14,6 +17,8 @@ from deployment import Deployment
 
 pytestmark = pytest.mark.hosts
 
+PARENT = "dagster/parent_run_id"
+
 
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
@@ -21,27 +26,41 @@ def deployment() -> Iterator[Deployment]:
         yield deployed
 
 
-def run_rows(d: Deployment) -> list[tuple[str, str, str]]:
-    """(run id, status, celery worker node) of every run, from Dagster's storage."""
-    return d.query(
-        "SELECT r.run_id, r.status, coalesce(t.value, '') FROM runs r LEFT JOIN run_tags t"
-        " ON t.run_id = r.run_id AND t.key = 'dagster-celery/task_id' ORDER BY r.id",
+def runs(d: Deployment) -> dict[str, dict]:
+    """Every run: status, its Celery task id, its parent (a retry's), from Dagster's storage."""
+    rows = d.query(
+        "SELECT r.run_id, r.status, t.key, t.value FROM runs r LEFT JOIN run_tags t"
+        " ON t.run_id = r.run_id AND t.key IN ('dagster-celery/task_id', %s)",
         database="dagster",
+        args=(PARENT,),
     )
+    found: dict[str, dict] = {}
+    for run_id, status, key, value in rows:
+        found.setdefault(run_id, {"status": status})[key] = value
+    return found
+
+
+def placed(d: Deployment) -> dict[str, str]:
+    """Celery task id -> the worker host that received it (from the workers' logs)."""
+    where = {}
+    for host in d.workers:
+        for task in re.findall(r"Task execute_job\[([0-9a-f-]+)\] received", d.log(host.name)):
+            where[task] = host.name
+    return where
 
 
 def changes(d: Deployment) -> Counter:
     """How many times each (source, kind, key) change was recorded."""
     found: Counter = Counter()
     for name in d.trackers:
-        exists = d.query("SELECT to_regclass(%s) IS NOT NULL", args=(f"cw.{name}_changes",))
-        if exists[0][0]:
+        [(exists,)] = d.query("SELECT to_regclass(%s) IS NOT NULL", args=(f"cw.{name}_changes",))
+        if exists:
             for kind, key in d.query(f'SELECT kind, object_key FROM "{name}_changes"'):
                 found[(name, kind, int(key))] += 1
     return found
 
 
-def expected_inserts(d: Deployment) -> set[tuple[str, str, int]]:
+def first_sync(d: Deployment) -> set[tuple[str, str, int]]:
     return {
         (name, "insert", issue["number"])
         for name, server in d.trackers.items()
@@ -49,14 +68,118 @@ def expected_inserts(d: Deployment) -> set[tuple[str, str, int]]:
     }
 
 
+def delivered(d: Deployment) -> bool:
+    rows = d.query("SELECT status, count(*) FROM deliveries GROUP BY status")
+    return bool(rows) and all(status == "sent" for status, _ in rows)
+
+
+def check_once_and_delivered(d: Deployment, expected: set) -> None:
+    """Every expected change recorded once; every notification posted, under one webhook-id."""
+    found = changes(d)
+    assert set(found) == expected
+    assert max(found.values()) == 1, [c for c, n in found.items() if n > 1]
+    [(outbox, keys)] = d.query("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox")
+    assert outbox == keys == len(found)
+    ids = {row[0] for row in d.query("SELECT notification_id FROM outbox")}
+    with d.sink.lock:
+        posts = list(d.sink.posts)
+    by_id: dict[str, set[str]] = {}
+    for webhook_id, body in posts:
+        by_id.setdefault(body["notification_id"], set()).add(webhook_id)
+    assert set(by_id) == ids  # at least once each, nothing else
+    # A repeat (a send cut short by the lost host) carries the same webhook-id.
+    assert all(hooks == {nid} for nid, hooks in by_id.items())
+
+
 def test_runs_are_placed_on_both_worker_hosts(deployment):
     d = deployment
-    want = expected_inserts(d)
-    d.wait(lambda: set(changes(d)) >= want, "every source's first sync", progress=lambda: len(changes(d)))
-    workers = {
-        line.split("Task ")[0]
-        for w in d.workers
-        for line in d.log(w.name).splitlines()
-        if "execute_job" in line and "succeeded" in line
-    }
-    assert workers, d.logs_tail()
+    want = first_sync(d)
+    d.wait(
+        lambda: set(changes(d)) >= want,
+        "every source's first sync",
+        progress=lambda: len(changes(d)),
+    )
+    # Runs keep coming (a sync every 10 s): with one run at a time per worker, both get some.
+    d.wait(
+        lambda: (
+            {
+                placed(d).get(r.get("dagster-celery/task_id"))
+                for r in runs(d).values()
+                if r["status"] == "SUCCESS"
+            }
+            >= {"worker1", "worker2"}
+        ),
+        "successful runs on both worker hosts",
+        progress=lambda: len(runs(d)),
+    )
+    d.wait(lambda: delivered(d), "the first notifications")
+    check_once_and_delivered(d, want)
+    # Runs ran in the worker hosts' processes, not the control host's.
+    control = {p for p in d.control.pids()}
+    assert (
+        not {int(p) for p in re.findall(r"- (\d+) - tracker_\d+ - STEP_START", d.log("daemon"))}
+        & control
+    )
+
+
+def test_a_worker_host_lost_mid_run_is_retried_on_the_other(deployment):
+    d = deployment
+    expected = set(changes(d))
+    for name, server in d.trackers.items():
+        done = server.tracker.mutate(create=2, update=3, delete=1)
+        expected |= {(name, "insert", k) for k in done["created"]}
+        expected |= {(name, "update", k) for k in done["updated"]}
+        expected |= {(name, "delete", k) for k in done["deleted"]}
+    mutated = time.time()
+
+    def victim() -> str | None:
+        """A run started on worker1 after the mutation, with a sync under way."""
+        where = placed(d)
+        for run_id, run in runs(d).items():
+            if run["status"] == "STARTED" and where.get(run.get("dagster-celery/task_id")) == (
+                "worker1"
+            ):
+                syncing = d.query(
+                    "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
+                    " AND started_at > to_timestamp(%s)",
+                    args=(run_id, mutated),
+                )
+                if syncing[0][0]:
+                    return run_id
+        return None
+
+    d.wait(lambda: victim() is not None, "a run syncing on worker1")
+    killed_run = victim()
+    assert d.workers[0].kill_all() > 0
+    killed = time.time()
+
+    d.wait(lambda: runs(d)[killed_run]["status"] == "FAILURE", "run monitoring failing the run")
+    failed_after = time.time() - killed
+
+    def retry() -> dict | None:
+        return next((r for r in runs(d).values() if r.get(PARENT) == killed_run), None)
+
+    d.wait(lambda: (retry() or {}).get("status") == "SUCCESS", "the retry, on worker2")
+    retried_after = time.time() - killed
+    assert placed(d)[retry()["dagster-celery/task_id"]] == "worker2"
+    print(f"run failed {failed_after:.1f} s after the kill, retried and done {retried_after:.1f} s")
+
+    d.wait(
+        lambda: set(changes(d)) >= expected and delivered(d),
+        "every change delivered",
+        progress=lambda: len(changes(d)),
+    )
+    check_once_and_delivered(d, expected)
+    # The killed run's syncs are not left 'running' (the retry marked them abandoned), and the
+    # lost host holds no session, so no sync lock, on the db host.
+    stuck = d.query(
+        "SELECT count(*) FROM sync_runs WHERE status = 'running' AND dagster_run_id = %s",
+        args=(killed_run,),
+    )
+    assert stuck == [(0,)]
+    sessions = d.query(
+        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s",
+        database="dagster",
+        args=(d.workers[0].address,),
+    )
+    assert sessions == [(0,)]
