@@ -384,7 +384,11 @@ class Deployment:
 
         try:
             return wait_working(
-                checked, pids=self.all_pids, progress=progress or (lambda: None), limit=limit, what=what
+                checked,
+                pids=self.all_pids,
+                progress=progress or (lambda: None),
+                limit=limit,
+                what=what,
             )
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.logs_tail()}") from None

@@ -7,6 +7,7 @@ share one deployment and run in order: the second kills a worker host for good.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import Counter
@@ -18,6 +19,8 @@ from deployment import Deployment
 pytestmark = pytest.mark.hosts
 
 PARENT = "dagster/parent_run_id"
+# What PostgreSQL and its clients say of a connection a fast shutdown ended.
+CUT = re.compile(r"terminating connection|server closed the connection|connection refused", re.I)
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +186,68 @@ def test_a_worker_host_lost_mid_run_is_retried_on_the_other(deployment):
         args=(d.workers[0].address,),
     )
     assert sessions == [(0,)]
+
+
+def started_syncing(d: Deployment, since: float) -> str | None:
+    """A run started with a sync under way since ``since`` (epoch seconds)."""
+    for run_id, run in runs(d).items():
+        if run["status"] == "STARTED":
+            syncing = d.query(
+                "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
+                " AND started_at > to_timestamp(%s)",
+                args=(run_id, since),
+            )
+            if syncing[0][0]:
+                return run_id
+    return None
+
+
+def failure_lines(d: Deployment, run_id: str) -> list[str]:
+    """The first line of each failed step's deepest error: what a user reads first."""
+    lines = []
+    for (event,) in d.query(
+        "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'STEP_FAILURE'",
+        database="dagster",
+        args=(run_id,),
+    ):
+        error = json.loads(event)["dagster_event"]["event_specific_data"]["error"]
+        while error.get("cause"):
+            error = error["cause"]
+        lines.append(error["message"].strip().splitlines()[0])
+    return lines
+
+
+def test_the_db_host_restarted_fails_runs_in_one_line_and_the_next_succeed(deployment):
+    d = deployment
+    expected = set(changes(d))
+    for name, server in d.trackers.items():
+        done = server.tracker.mutate(create=1, update=2, delete=1)
+        expected |= {(name, "insert", k) for k in done["created"]}
+        expected |= {(name, "update", k) for k in done["updated"]}
+        expected |= {(name, "delete", k) for k in done["deleted"]}
+    mutated = time.time()
+    d.wait(lambda: started_syncing(d, mutated) is not None, "a run syncing")
+    cut_run = started_syncing(d, mutated)
+    before = set(runs(d))
+    d.pg_ctl("stop")
+    time.sleep(10)
+    d.pg_ctl("start")
+    restarted = time.time()
+    d.wait(lambda: runs(d)[cut_run]["status"] in ("FAILURE", "SUCCESS"), "the cut run's end")
+    assert runs(d)[cut_run]["status"] == "FAILURE"
+    # Each failed step says why in its error's first line: the connection the restart cut.
+    lines = failure_lines(d, cut_run)
+    print("\n".join(lines))
+    assert lines
+    assert all(CUT.search(line) for line in lines), lines
+    d.wait(
+        lambda: any(r["status"] == "SUCCESS" for k, r in runs(d).items() if k not in before),
+        "a run after the restart succeeding",
+    )
+    print(f"a run succeeded {time.time() - restarted:.1f} s after the restart")
+    d.wait(
+        lambda: set(changes(d)) >= expected and delivered(d),
+        "every change delivered",
+        progress=lambda: len(changes(d)),
+    )
+    check_once_and_delivered(d, expected)
