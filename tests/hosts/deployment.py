@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,7 +36,18 @@ from cw_testing import REPO
 from netns import Host, Network
 from patience import wait_working
 
-__all__ = ["Deployment", "WebhookSink"]
+__all__ = [
+    "PARENT",
+    "Deployment",
+    "WebhookSink",
+    "changes",
+    "delivered",
+    "placed",
+    "runs",
+    "started_syncing",
+]
+
+PARENT = "dagster/parent_run_id"  # a retry's tag: the run it retries
 
 BIN = Path(sys.executable).parent
 PG_BIN = Path(
@@ -51,7 +65,7 @@ class WebhookSink:
     """Records every POST: (webhook-id header, body). Its socket lives on ``host``."""
 
     def __init__(self, host: Host):
-        self.posts: list[tuple[str, dict]] = []
+        self.posts: list[tuple[str, dict, float]] = []  # webhook-id, body, when it arrived
         self.lock = threading.Lock()
         sink = self
 
@@ -59,7 +73,9 @@ class WebhookSink:
             def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length") or 0))
                 with sink.lock:
-                    sink.posts.append((self.headers.get("webhook-id", ""), json.loads(body)))
+                    sink.posts.append(
+                        (self.headers.get("webhook-id", ""), json.loads(body), time.time())
+                    )
                 self.send_response(200)
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -81,7 +97,17 @@ class WebhookSink:
 class Deployment:
     """The hosts, their services, and handles to look at them from the ``control`` host."""
 
-    def __init__(self, workers: int = 2, sources: int = 4, issues: int = 20, concurrency: int = 1):
+    def __init__(
+        self,
+        workers: int = 2,
+        sources: int = 4,
+        issues: int = 20,
+        concurrency: int = 1,
+        interval: float = 10,
+        pin: bool = False,
+    ):
+        # pin: each worker host on a core of its own (worker1 on CPU 0, worker2 on CPU 1...).
+        self.interval, self.pin = interval, pin
         self.concurrency = concurrency
         self.stack = ExitStack()
         self.root = Path(tempfile.mkdtemp(prefix="cw-hosts-"))
@@ -111,8 +137,9 @@ class Deployment:
             self.stack.callback(self.sink.close)
             self.config = self.write_watches()
             self.start_control()
-            for worker in self.workers:
-                self.start_worker(worker, concurrency=self.concurrency)
+            for i, worker in enumerate(self.workers):
+                cpu = i % (os.cpu_count() or 1) if self.pin else None
+                self.start_worker(worker, cpu=cpu, concurrency=self.concurrency)
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -207,7 +234,7 @@ class Deployment:
                 "primary_key": "number",
                 "updated_at": "updated_at",
                 "columns": COLUMNS,
-                "interval": 10,
+                "interval": self.interval,
                 "jitter": 0,
                 "probe": False,
             }
@@ -392,3 +419,63 @@ class Deployment:
             )
         except AssertionError as error:
             raise AssertionError(f"{error}\n{self.logs_tail()}") from None
+
+
+def runs(d: Deployment) -> dict[str, dict]:
+    """Every run: status, its Celery task id, its parent (a retry's), from Dagster's storage."""
+    rows = d.query(
+        "SELECT r.run_id, r.status, t.key, t.value FROM runs r LEFT JOIN run_tags t"
+        " ON t.run_id = r.run_id AND t.key IN ('dagster-celery/task_id', %s)",
+        database="dagster",
+        args=(PARENT,),
+    )
+    found: dict[str, dict] = {}
+    for run_id, status, key, value in rows:
+        found.setdefault(run_id, {"status": status})[key] = value
+    return found
+
+
+def placed(d: Deployment) -> dict[str, str]:
+    """Celery task id -> the worker host that received it (from the workers' logs)."""
+    where = {}
+    for host in d.workers:
+        for task in re.findall(r"Task execute_job\[([0-9a-f-]+)\] received", d.log(host.name)):
+            where[task] = host.name
+    return where
+
+
+def changes(d: Deployment) -> Counter:
+    """How many times each (source, kind, key) change was recorded."""
+    found: Counter = Counter()
+    for name in d.trackers:
+        [(exists,)] = d.query("SELECT to_regclass(%s) IS NOT NULL", args=(f"cw.{name}_changes",))
+        if exists:
+            for kind, key in d.query(f'SELECT kind, object_key FROM "{name}_changes"'):
+                found[(name, kind, int(key))] += 1
+    return found
+
+
+def delivered(d: Deployment) -> bool:
+    """Whether there are deliveries and every one was sent."""
+    [(exists,)] = d.query("SELECT to_regclass('cw.deliveries') IS NOT NULL")
+    if not exists:
+        return False
+    rows = d.query("SELECT status, count(*) FROM deliveries GROUP BY status")
+    return bool(rows) and all(status == "sent" for status, _ in rows)
+
+
+def started_syncing(d: Deployment, since: float) -> str | None:
+    """A run started with a sync under way since ``since`` (epoch seconds)."""
+    [(exists,)] = d.query("SELECT to_regclass('cw.sync_runs') IS NOT NULL")
+    if not exists:
+        return None
+    for run_id, run in runs(d).items():
+        if run["status"] == "STARTED":
+            syncing = d.query(
+                "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
+                " AND started_at > to_timestamp(%s)",
+                args=(run_id, since),
+            )
+            if syncing[0][0]:
+                return run_id
+    return None

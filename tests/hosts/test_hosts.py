@@ -10,15 +10,21 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections import Counter
 from collections.abc import Iterator
 
 import pytest
-from deployment import Deployment
+from deployment import (
+    PARENT,
+    Deployment,
+    changes,
+    delivered,
+    placed,
+    runs,
+    started_syncing,
+)
 
 pytestmark = pytest.mark.hosts
 
-PARENT = "dagster/parent_run_id"
 # What PostgreSQL and its clients say of a connection a fast shutdown ended.
 CUT = re.compile(r"terminating connection|server closed the connection|connection refused", re.I)
 
@@ -29,51 +35,12 @@ def deployment() -> Iterator[Deployment]:
         yield deployed
 
 
-def runs(d: Deployment) -> dict[str, dict]:
-    """Every run: status, its Celery task id, its parent (a retry's), from Dagster's storage."""
-    rows = d.query(
-        "SELECT r.run_id, r.status, t.key, t.value FROM runs r LEFT JOIN run_tags t"
-        " ON t.run_id = r.run_id AND t.key IN ('dagster-celery/task_id', %s)",
-        database="dagster",
-        args=(PARENT,),
-    )
-    found: dict[str, dict] = {}
-    for run_id, status, key, value in rows:
-        found.setdefault(run_id, {"status": status})[key] = value
-    return found
-
-
-def placed(d: Deployment) -> dict[str, str]:
-    """Celery task id -> the worker host that received it (from the workers' logs)."""
-    where = {}
-    for host in d.workers:
-        for task in re.findall(r"Task execute_job\[([0-9a-f-]+)\] received", d.log(host.name)):
-            where[task] = host.name
-    return where
-
-
-def changes(d: Deployment) -> Counter:
-    """How many times each (source, kind, key) change was recorded."""
-    found: Counter = Counter()
-    for name in d.trackers:
-        [(exists,)] = d.query("SELECT to_regclass(%s) IS NOT NULL", args=(f"cw.{name}_changes",))
-        if exists:
-            for kind, key in d.query(f'SELECT kind, object_key FROM "{name}_changes"'):
-                found[(name, kind, int(key))] += 1
-    return found
-
-
 def first_sync(d: Deployment) -> set[tuple[str, str, int]]:
     return {
         (name, "insert", issue["number"])
         for name, server in d.trackers.items()
         for issue in server.tracker.snapshot()
     }
-
-
-def delivered(d: Deployment) -> bool:
-    rows = d.query("SELECT status, count(*) FROM deliveries GROUP BY status")
-    return bool(rows) and all(status == "sent" for status, _ in rows)
 
 
 def check_once_and_delivered(d: Deployment, expected: set) -> None:
@@ -87,7 +54,7 @@ def check_once_and_delivered(d: Deployment, expected: set) -> None:
     with d.sink.lock:
         posts = list(d.sink.posts)
     by_id: dict[str, set[str]] = {}
-    for webhook_id, body in posts:
+    for webhook_id, body, _ in posts:
         by_id.setdefault(body["notification_id"], set()).add(webhook_id)
     assert set(by_id) == ids  # at least once each, nothing else
     # A repeat (a send cut short by the lost host) carries the same webhook-id.
@@ -186,20 +153,6 @@ def test_a_worker_host_lost_mid_run_is_retried_on_the_other(deployment):
         args=(d.workers[0].address,),
     )
     assert sessions == [(0,)]
-
-
-def started_syncing(d: Deployment, since: float) -> str | None:
-    """A run started with a sync under way since ``since`` (epoch seconds)."""
-    for run_id, run in runs(d).items():
-        if run["status"] == "STARTED":
-            syncing = d.query(
-                "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
-                " AND started_at > to_timestamp(%s)",
-                args=(run_id, since),
-            )
-            if syncing[0][0]:
-                return run_id
-    return None
 
 
 def failure_lines(d: Deployment, run_id: str) -> list[str]:
