@@ -268,7 +268,12 @@ class Deployment:
         home = self.root / "homes" / host.name
         if not home.exists():
             home.mkdir(parents=True)
-            shutil.copy(REPO / "deploy" / "dagster-celery.yaml", home / "dagster.yaml")
+            settings = yaml.safe_load((REPO / "deploy" / "dagster-celery.yaml").read_text())
+            # As deploy/dagster-celery.yaml says: runs at once = the workers' slots, so a run
+            # waits in Dagster's queue, not in Celery's past run monitoring's start timeout.
+            runs_at_once = self.n_workers * self.concurrency
+            settings["concurrency"]["runs"]["max_concurrent_runs"] = runs_at_once
+            (home / "dagster.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
             (home / "workspace.yaml").write_text(
                 yaml.safe_dump(
                     {
