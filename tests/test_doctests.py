@@ -27,8 +27,15 @@ def modules() -> list[str]:
         names.append(package)
         for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
             names.append(info.name)
-    # pipeline.definitions loads ./watches.yaml when imported; it has no examples to run.
-    skipped = {"changewatch.pipeline.definitions.code_location", *LEARN_EXTRA}
+    # pipeline.definitions.code_location loads ./watches.yaml when imported; the celery modules
+    # need the `hosts` extra (tested in tests/hosts), and celery_worker builds its Celery app
+    # from $DAGSTER_HOME; none has examples to run.
+    skipped = {
+        "changewatch.pipeline.definitions.code_location",
+        "changewatch.pipeline.definitions.celery_launcher",
+        "changewatch.pipeline.definitions.celery_worker",
+        *LEARN_EXTRA,
+    }
     return sorted(n for n in names if n not in skipped)
 
 

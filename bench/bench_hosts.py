@@ -1,0 +1,210 @@
+"""changewatch on several hosts (network namespaces, tests/hosts/deployment.py): what a second
+worker host buys, and what a worker host killed mid-run costs.
+
+1. Scaling: the same sources, a fraction of them changing each minute, on 1 worker host and
+   then on 2, each worker pinned to a core of its own (taskset). Prints syncs per minute,
+   change -> webhook notification p50/p95 (the demo tracker's change to the POST's arrival),
+   and the control and db hosts' CPU (core-seconds per minute of the window), apart.
+2. Kills: a worker host killed (every process, SIGKILL) while a run syncs on it, ``--kills``
+   times, restarted after each: lost changes and notifications, duplicates, and the time from
+   the kill to the run failed by run monitoring and to its retry done on the other worker.
+
+Root only. The full run by hand (minutes): ``sudo .venv/bin/python bench/bench_hosts.py``;
+tests/hosts/test_bench_hosts.py runs a small one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests" / "hosts"), str(REPO / "tests")]
+
+from deployment import (  # noqa: E402  (the harness lives with the tests)
+    PARENT,
+    Deployment,
+    changes,
+    delivered,
+    placed,
+    runs,
+    started_syncing,
+)
+from patience import cpu_seconds  # noqa: E402
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values``, nearest rank.
+
+    >>> pct([1.0, 2.0, 3.0, 4.0], 0.5)
+    2.0
+    """
+    ordered = sorted(values)
+    return ordered[max(0, round(q * len(ordered) + 0.5) - 1)] if ordered else float("nan")
+
+
+def scaling(workers: int, args: argparse.Namespace) -> dict:
+    """One deployment with ``workers`` pinned worker hosts: its figures over the window."""
+    with Deployment(
+        workers=workers, sources=args.sources, issues=args.issues, interval=args.interval,
+        pin=True, concurrency=1,
+    ) as d:  # fmt: skip
+        inserts = sum(len(s.tracker) for s in d.trackers.values())
+        d.wait(lambda: len(changes(d)) >= inserts, "the first syncs", limit=args.warmup)
+        d.wait(lambda: delivered(d), "the first notifications", limit=args.warmup)
+        names = list(d.trackers)
+        per_second = args.change * len(names) / 60
+        made: dict[tuple[str, str], float] = {}
+        cpu0 = {h.name: cpu_seconds(h.pids()) for h in (d.control, d.db)}
+        start = time.time()
+        owed = 0.0
+        while (now := time.time()) < start + args.minutes * 60:
+            owed += per_second
+            while owed >= 1:
+                owed -= 1
+                name = random.choice(names)
+                for key in d.trackers[name].tracker.mutate(update=1)["updated"]:
+                    made[(name, str(key))] = time.time()
+            time.sleep(max(0.0, 1 - (time.time() - now)))
+        end = time.time()
+        cpu = {h.name: cpu_seconds(h.pids()) - cpu0[h.name] for h in (d.control, d.db)}
+        [(syncs,)] = d.query(
+            "SELECT count(*) FROM sync_runs WHERE status = 'succeeded'"
+            " AND finished_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+            args=(start, end),
+        )
+        # The changes made near the end get their notifications after it: wait for them.
+        drain = time.time() + 3 * args.interval + 60
+
+        def latencies() -> list[float]:
+            first: dict[tuple[str, str], float] = {}
+            with d.sink.lock:
+                for _, body, arrived in d.sink.posts:
+                    key = (body["source"], str(body["object_key"]))
+                    if key in made and arrived > made[key]:
+                        first[key] = min(first.get(key, arrived), arrived)
+            return [first[k] - made[k] for k in first]
+
+        while len(latencies()) < len(made) and time.time() < drain:
+            time.sleep(1)
+        waits = latencies()
+        minutes = (end - start) / 60
+        return {
+            "workers": workers,
+            "syncs_per_min": syncs / minutes,
+            "changes": len(made),
+            "notified": len(waits),
+            "p50": pct(waits, 0.5),
+            "p95": pct(waits, 0.95),
+            "control_cpu": cpu["control"] / minutes,
+            "db_cpu": cpu["db"] / minutes,
+        }
+
+
+def kill_once(d: Deployment, host, expected: Counter) -> tuple[float, float]:
+    """Change every source, kill ``host`` while a run syncs on it, start it again; seconds
+    from the kill to its run failed, and to that run's retry done. Adds to ``expected``."""
+    for name, server in d.trackers.items():
+        done = server.tracker.mutate(create=1, update=2, delete=1)
+        for kind, keys in (("insert", "created"), ("update", "updated"), ("delete", "deleted")):
+            # A key updated in two rounds is two changes: count them, not just their keys.
+            expected.update((name, kind, k) for k in done[keys])
+    mutated = time.time()
+
+    def victim() -> str | None:
+        run_id = started_syncing(d, mutated)
+        task = runs(d).get(run_id or "", {}).get("dagster-celery/task_id")
+        return run_id if placed(d).get(task) == host.name else None
+
+    d.wait(lambda: victim() is not None, f"a run syncing on {host.name}")
+    run_id = victim()
+    host.kill_all()
+    killed = time.time()
+    d.wait(lambda: runs(d)[run_id]["status"] == "FAILURE", "run monitoring")
+    failed = time.time() - killed
+
+    def retried() -> bool:
+        return any(r.get(PARENT) == run_id and r["status"] == "SUCCESS" for r in runs(d).values())
+
+    d.wait(retried, "the retry")
+    done_after = time.time() - killed
+    d.start_worker(host, concurrency=1)  # the host comes back for the next round
+    return failed, done_after
+
+
+def kills(args: argparse.Namespace) -> dict:
+    """Kill a worker host mid-run ``args.kills`` times; what was lost, doubled, and how fast."""
+    with Deployment(workers=2, sources=args.kill_sources, issues=args.issues, interval=10) as d:
+        expected: Counter = Counter()
+        for name, server in d.trackers.items():
+            expected.update((name, "insert", i["number"]) for i in server.tracker.snapshot())
+        d.wait(lambda: set(changes(d)) >= set(expected), "the first syncs", limit=args.warmup)
+        failed_after, retried_after = [], []
+        for round_ in range(args.kills):
+            host = d.workers[round_ % len(d.workers)]
+            failed, retried = kill_once(d, host, expected)
+            failed_after.append(failed)
+            retried_after.append(retried)
+            print(f"kill {round_ + 1}: failed {failed:.1f} s, retried and done {retried:.1f} s",
+                  flush=True)  # fmt: skip
+        d.wait(lambda: changes(d) >= expected and delivered(d), "every change delivered")
+        found = changes(d)
+        ids = {row[0] for row in d.query("SELECT notification_id FROM outbox")}
+        with d.sink.lock:
+            posts = list(d.sink.posts)
+        posted = {body["notification_id"] for _, body, _ in posts}
+        mixed = sum(1 for hook, body, _ in posts if hook != body["notification_id"])
+        return {
+            "kills": args.kills,
+            "lost_changes": sum((expected - found).values()),
+            "doubled_changes": sum((found - expected).values()),
+            "lost_notifications": len(ids - posted),
+            "repeated_posts": len(posts) - len(posted),
+            "posts_under_another_webhook_id": mixed,
+            "failed_p50": pct(failed_after, 0.5),
+            "failed_max": max(failed_after),
+            "retried_p50": pct(retried_after, 0.5),
+            "retried_max": max(retried_after),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sources", type=int, default=2000)
+    parser.add_argument("--issues", type=int, default=5, help="issues per demo tracker")
+    parser.add_argument("--interval", type=float, default=60, help="each source's interval, s")
+    parser.add_argument("--change", type=float, default=0.05, help="sources changing a minute")
+    parser.add_argument("--minutes", type=float, default=5, help="the measured window")
+    parser.add_argument("--warmup", type=float, default=1800, help="limit of the first syncs, s")
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--kill-sources", type=int, default=8)
+    args = parser.parse_args()
+
+    print(f"scaling: {args.sources} sources, interval {args.interval:g} s, "
+          f"{args.change:.0%} changing a minute, {args.minutes:g} min window")  # fmt: skip
+    results = [scaling(workers, args) for workers in (1, 2)]
+    print("workers  syncs/min  changes  notified  p50 s  p95 s  control core-s/min  db core-s/min")
+    for r in results:
+        print(f"{r['workers']:>7}  {r['syncs_per_min']:>9.1f}  {r['changes']:>7}  "
+              f"{r['notified']:>8}  {r['p50']:>5.1f}  {r['p95']:>5.1f}  "
+              f"{r['control_cpu']:>18.2f}  {r['db_cpu']:>13.2f}")  # fmt: skip
+    ratio = results[1]["syncs_per_min"] / max(results[0]["syncs_per_min"], 1e-9)
+    print(f"2 workers / 1 worker: {ratio:.2f}x the syncs per minute")
+    if args.kills:
+        k = kills(args)
+        print(
+            f"kills: {k['kills']}; lost changes {k['lost_changes']}, doubled changes "
+            f"{k['doubled_changes']}, lost notifications {k['lost_notifications']}, repeated "
+            f"posts {k['repeated_posts']} (under another webhook-id: "
+            f"{k['posts_under_another_webhook_id']}); run failed after p50 "
+            f"{k['failed_p50']:.1f} s (max {k['failed_max']:.1f}), retried and done after p50 "
+            f"{k['retried_p50']:.1f} s (max {k['retried_max']:.1f})"
+        )
+
+
+if __name__ == "__main__":
+    main()

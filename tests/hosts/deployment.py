@@ -1,0 +1,486 @@
+"""changewatch on several hosts (tests/hosts/netns.py), wired as deploy/dagster-celery.yaml says.
+
+- ``db``: its own PostgreSQL (initdb + pg_ctl in a temporary folder, listening only on the
+  host's address): Dagster's storage and the warehouse;
+- ``control``: Redis (the Celery broker and result backend), dagster-daemon and
+  dagster-webserver (which load the code location themselves);
+- ``worker1``, ``worker2``...: a Celery worker each, running the runs the daemon launches;
+- ``api``: the demo trackers the sources poll and the webhook endpoint notifications go to
+  (this process's threads, their sockets made inside the host).
+
+Every host has a DAGSTER_HOME of its own (no shared disk but the code and the watches file,
+which a deployment ships with its image).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psycopg2
+import yaml
+from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from cw_testing import REPO
+from netns import Host, Network
+from patience import wait_working
+
+__all__ = [
+    "PARENT",
+    "Deployment",
+    "WebhookSink",
+    "changes",
+    "delivered",
+    "placed",
+    "runs",
+    "started_syncing",
+]
+
+PARENT = "dagster/parent_run_id"  # a retry's tag: the run it retries
+
+BIN = Path(sys.executable).parent
+PG_BIN = Path(
+    subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+)
+COLUMNS = {
+    "number": "bigint",
+    "title": "text",
+    "state": "text",
+    "updated_at": "timestamp",
+}
+
+
+class WebhookSink:
+    """Records every POST: (webhook-id header, body). Its socket lives on ``host``."""
+
+    def __init__(self, host: Host):
+        self.posts: list[tuple[str, dict, float]] = []  # webhook-id, body, when it arrived
+        self.lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with sink.lock:
+                    sink.posts.append(
+                        (self.headers.get("webhook-id", ""), json.loads(body), time.time())
+                    )
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        with host.entered():
+            self.server = ThreadingHTTPServer((host.address, 0), Handler)
+        self.url = f"http://{host.address}:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Deployment:
+    """The hosts, their services, and handles to look at them from the ``control`` host."""
+
+    def __init__(
+        self,
+        workers: int = 2,
+        sources: int = 4,
+        issues: int = 20,
+        concurrency: int = 1,
+        interval: float = 10,
+        pin: bool = False,
+    ):
+        # pin: each worker host on a core of its own (worker1 on CPU 0, worker2 on CPU 1...).
+        self.interval, self.pin = interval, pin
+        self.concurrency = concurrency
+        self.stack = ExitStack()
+        self.root = Path(tempfile.mkdtemp(prefix="cw-hosts-"))
+        self.logs = self.root / "logs"
+        self.logs.mkdir()
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.n_workers, self.n_sources, self.issues = workers, sources, issues
+
+    # -- setting up ---------------------------------------------------------------------------
+    def __enter__(self) -> Deployment:
+        try:
+            self.net = self.stack.enter_context(Network())
+            self.db = self.net.add("db")
+            self.control = self.net.add("control")
+            self.workers = [self.net.add(f"worker{i + 1}") for i in range(self.n_workers)]
+            self.api = self.net.add("api")
+            self.start_postgres()
+            self.trackers = {}
+            with self.api.entered():
+                for i in range(self.n_sources):
+                    server = DemoAPIServer(
+                        DemoTracker(issues=self.issues, seed=i), host=self.api.address
+                    )
+                    self.trackers[f"tracker_{i}"] = server.start()
+                    self.stack.callback(server.stop)
+            self.sink = WebhookSink(self.api)
+            self.stack.callback(self.sink.close)
+            self.config = self.write_watches()
+            self.start_control()
+            for i, worker in enumerate(self.workers):
+                cpu = i % (os.cpu_count() or 1) if self.pin else None
+                self.start_worker(worker, cpu=cpu, concurrency=self.concurrency)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()  # kills every process of every host, removes the namespaces
+        for proc in self.procs.values():
+            proc.wait(timeout=30)  # killed above: reaped here
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.root / "pg"
+
+    def pg(self, *argv: str) -> list[str]:
+        return ["runuser", "-u", "postgres", "--", *argv]
+
+    def start_postgres(self) -> None:
+        self.pg_dir.mkdir()
+        shutil.chown(self.pg_dir, "postgres", "postgres")
+        self.root.chmod(0o755)
+        done = subprocess.run(
+            self.pg(
+                str(PG_BIN / "initdb"),
+                "-D",
+                str(self.pg_dir / "data"),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+            ),
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+        data = self.pg_dir / "data"
+        with (data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"listen_addresses = '{self.db.address}'\nport = 5432\n"
+                f"unix_socket_directories = '{self.pg_dir}'\nmax_connections = 300\n"
+                # A test server: durability is not what these tests look at.
+                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+            )
+        with (data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {self.net.subnet}.0/24 trust\n")
+        self.pg_ctl("start")
+        for name in ("dagster", "warehouse"):
+            self.db.run(
+                self.pg(
+                    str(PG_BIN / "psql"),
+                    "-h",
+                    self.db.address,
+                    "-U",
+                    "postgres",
+                    "-qc",
+                    f"CREATE DATABASE {name}",
+                ),
+                check=True,
+                capture_output=True,
+            )
+
+    def pg_ctl(self, action: str) -> None:
+        """Start or stop the db host's PostgreSQL (``stop`` is a fast shutdown: sessions cut)."""
+        argv = [str(PG_BIN / "pg_ctl"), "-D", str(self.pg_dir / "data"), "-w", "-m", "fast"]
+        if action == "start":
+            argv += ["-l", str(self.pg_dir / "server.log")]
+        done = self.db.run(self.pg(*argv, action), capture_output=True, text=True)
+        assert done.returncode == 0, f"pg_ctl {action}: {done.stdout}{done.stderr}"
+
+    @property
+    def dagster_url(self) -> str:
+        return f"postgresql+psycopg2://postgres@{self.db.address}:5432/dagster"
+
+    @property
+    def warehouse_url(self) -> str:
+        return f"postgresql://postgres@{self.db.address}:5432/warehouse?schema=cw"
+
+    def write_watches(self) -> Path:
+        sources = [
+            {
+                "name": name,
+                "type": "rest",
+                "base_url": server.url,
+                "path": "/repos/acme/widgets/issues",
+                "params": {"state": "all", "per_page": 100},
+                "paginator": {"type": "link_header"},
+                "sync": "snapshot",
+                "baseline": "evaluate",
+                "table": name,
+                "primary_key": "number",
+                "updated_at": "updated_at",
+                "columns": COLUMNS,
+                "interval": self.interval,
+                "jitter": 0,
+                "probe": False,
+            }
+            for name, server in self.trackers.items()
+        ]
+        watches = [
+            {
+                "name": f"every_change_{name}",
+                "source": name,
+                "where": "kind = 'insert' OR kind = 'update' OR kind = 'delete'",
+                "channels": ["hook"],
+                "dedupe": "per_transition",
+                "title": "Change #{{ key }}",
+            }
+            for name in self.trackers
+        ]
+        config = {
+            "version": 1,
+            "polling": {"tick": 5},
+            # A send cut short by a lost host is retried after this (webhooks: same webhook-id).
+            "delivery": {"lease": 20},
+            "sources": sources,
+            "channels": [{"name": "hook", "type": "webhook", "url": self.sink.url}],
+            "watches": watches,
+        }
+        path = self.root / "watches.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return path
+
+    def env(self, host: Host) -> dict[str, str]:
+        home = self.root / "homes" / host.name
+        if not home.exists():
+            home.mkdir(parents=True)
+            settings = yaml.safe_load((REPO / "deploy" / "dagster-celery.yaml").read_text())
+            # As deploy/dagster-celery.yaml says: runs at once = the workers' slots, so a run
+            # waits in Dagster's queue, not in Celery's past run monitoring's start timeout.
+            runs_at_once = self.n_workers * self.concurrency
+            settings["concurrency"]["runs"]["max_concurrent_runs"] = runs_at_once
+            (home / "dagster.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+            (home / "workspace.yaml").write_text(
+                yaml.safe_dump(
+                    {
+                        "load_from": [
+                            {
+                                "python_module": {
+                                    "module_name": "changewatch.pipeline.definitions.code_location",
+                                    "location_name": "changewatch",
+                                }
+                            }
+                        ]
+                    }
+                )
+            )
+        broker = f"redis://{self.control.address}:6379"
+        return {
+            k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAGSTER_"))
+        } | {
+            "DAGSTER_HOME": str(home),
+            "DAGSTER_PG_URL": self.dagster_url,
+            "CHANGEWATCH_CONFIG": str(self.config),
+            "CHANGEWATCH_WAREHOUSE_URL": self.warehouse_url,
+            "CHANGEWATCH_CELERY_BROKER": f"{broker}/0",
+            "CHANGEWATCH_CELERY_BACKEND": f"{broker}/1",
+        }
+
+    def spawn(self, host: Host, name: str, argv: list[str], cpu: int | None = None) -> None:
+        if cpu is not None:
+            argv = ["taskset", "-c", str(cpu), *argv]
+        env = self.env(host)
+        out = (self.logs / f"{name}.log").open("a")
+        self.stack.callback(out.close)
+        if name in self.procs:
+            self.procs[name].wait(timeout=30)  # a restart: the one before is gone
+        self.procs[name] = host.popen(
+            argv, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
+        )
+
+    def start_control(self) -> None:
+        c = self.control
+        self.spawn(
+            c,
+            "redis",
+            [
+                "redis-server",
+                "--bind",
+                c.address,
+                "--port",
+                "6379",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "no",
+            ],
+        )
+        env = self.env(c)
+        # The deployment's one-off step (deploy/docker-compose.yml's `init`).
+        done = c.run(
+            [
+                str(BIN / "dagster"),
+                "instance",
+                "concurrency",
+                "set",
+                "warehouse/notifications",
+                "1",
+            ],
+            env=env,
+            cwd=env["DAGSTER_HOME"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        self.spawn(c, "daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
+        self.spawn(
+            c,
+            "webserver",
+            [str(BIN / "dagster-webserver"), "-h", c.address, "-p", "3000", "-w", "workspace.yaml"],
+        )
+
+    def start_worker(self, host: Host, cpu: int | None = None, concurrency: int = 2) -> None:
+        self.spawn(
+            host,
+            host.name,
+            [
+                str(BIN / "celery"),
+                "-A",
+                "changewatch.pipeline.definitions.celery_worker",
+                "worker",
+                "-n",
+                f"{host.name}@%h",
+                "-Q",
+                "dagster",
+                "--concurrency",
+                str(concurrency),
+                "--loglevel",
+                "INFO",
+            ],
+            cpu=cpu,
+        )
+
+    # -- looking -------------------------------------------------------------------------------
+    def all_pids(self) -> list[int]:
+        return [pid for host in self.net.hosts.values() for pid in host.pids()]
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def logs_tail(self) -> str:
+        return "\n".join(
+            f"== {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+            for p in sorted(self.logs.iterdir())
+        )
+
+    def query(self, sql: str, database: str = "warehouse", args: tuple = ()) -> list[tuple]:
+        """Rows of ``sql`` on the db host, asked from the control host."""
+        with self.control.entered():
+            con = psycopg2.connect(host=self.db.address, user="postgres", dbname=database)
+        try:
+            with con, con.cursor() as cur:
+                if database == "warehouse":
+                    cur.execute("SET search_path TO cw")
+                cur.execute(sql, args)
+                return cur.fetchall()
+        finally:
+            con.close()
+
+    def wait(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        limit: float | None = None,
+        progress: Callable[[], object] | None = None,
+    ) -> float:
+        def checked() -> bool:
+            for name in ("redis", "daemon"):
+                assert self.procs[name].poll() is None, f"{name} ended\n{self.logs_tail()}"
+            return condition()
+
+        try:
+            return wait_working(
+                checked,
+                pids=self.all_pids,
+                progress=progress or (lambda: None),
+                limit=limit,
+                what=what,
+            )
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{self.logs_tail()}") from None
+
+
+def runs(d: Deployment) -> dict[str, dict]:
+    """Every run: status, its Celery task id, its parent (a retry's), from Dagster's storage."""
+    rows = d.query(
+        "SELECT r.run_id, r.status, t.key, t.value FROM runs r LEFT JOIN run_tags t"
+        " ON t.run_id = r.run_id AND t.key IN ('dagster-celery/task_id', %s)",
+        database="dagster",
+        args=(PARENT,),
+    )
+    found: dict[str, dict] = {}
+    for run_id, status, key, value in rows:
+        found.setdefault(run_id, {"status": status})[key] = value
+    return found
+
+
+def placed(d: Deployment) -> dict[str, str]:
+    """Celery task id -> the worker host that received it (from the workers' logs)."""
+    where = {}
+    for host in d.workers:
+        for task in re.findall(r"Task execute_job\[([0-9a-f-]+)\] received", d.log(host.name)):
+            where[task] = host.name
+    return where
+
+
+def changes(d: Deployment) -> Counter:
+    """How many times each (source, kind, key) change was recorded."""
+    found: Counter = Counter()
+    for name in d.trackers:
+        [(exists,)] = d.query("SELECT to_regclass(%s) IS NOT NULL", args=(f"cw.{name}_changes",))
+        if exists:
+            for kind, key in d.query(f'SELECT kind, object_key FROM "{name}_changes"'):
+                found[(name, kind, int(key))] += 1
+    return found
+
+
+def delivered(d: Deployment) -> bool:
+    """Whether there are deliveries and every one was sent."""
+    [(exists,)] = d.query("SELECT to_regclass('cw.deliveries') IS NOT NULL")
+    if not exists:
+        return False
+    rows = d.query("SELECT status, count(*) FROM deliveries GROUP BY status")
+    return bool(rows) and all(status == "sent" for status, _ in rows)
+
+
+def started_syncing(d: Deployment, since: float) -> str | None:
+    """A run started with a sync under way since ``since`` (epoch seconds)."""
+    [(exists,)] = d.query("SELECT to_regclass('cw.sync_runs') IS NOT NULL")
+    if not exists:
+        return None
+    for run_id, run in runs(d).items():
+        if run["status"] == "STARTED":
+            syncing = d.query(
+                "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
+                " AND started_at > to_timestamp(%s)",
+                args=(run_id, since),
+            )
+            if syncing[0][0]:
+                return run_id
+    return None

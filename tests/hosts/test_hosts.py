@@ -1,0 +1,209 @@
+"""changewatch on several hosts: runs placed on worker hosts by Dagster (dagster-celery), a
+worker host lost mid-run, the db host's PostgreSQL restarted (tests/hosts/deployment.py).
+
+Root only (network namespaces): `pytest -m hosts tests/hosts -n 0`, as .ci/run does. The tests
+share one deployment and run in order: the second kills a worker host for good.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+from deployment import (
+    PARENT,
+    Deployment,
+    changes,
+    delivered,
+    placed,
+    runs,
+    started_syncing,
+)
+
+pytestmark = pytest.mark.hosts
+
+# What PostgreSQL and its clients say of a connection a fast shutdown ended.
+CUT = re.compile(r"terminating connection|server closed the connection|connection refused", re.I)
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    with Deployment(workers=2, sources=4) as deployed:
+        yield deployed
+
+
+def first_sync(d: Deployment) -> Counter:
+    return Counter(
+        (name, "insert", issue["number"])
+        for name, server in d.trackers.items()
+        for issue in server.tracker.snapshot()
+    )
+
+
+def mutate(d: Deployment, expected: Counter, **counts: int) -> None:
+    """Change every tracker; count each change in ``expected`` (a key updated twice: 2)."""
+    for name, server in d.trackers.items():
+        done = server.tracker.mutate(**counts)
+        for kind, keys in (("insert", "created"), ("update", "updated"), ("delete", "deleted")):
+            expected.update((name, kind, k) for k in done[keys])
+
+
+def check_once_and_delivered(d: Deployment, expected: Counter) -> None:
+    """Every expected change recorded once (a key changed twice: twice); every notification
+    posted, under one webhook-id."""
+    found = changes(d)
+    assert found == expected, (found - expected, expected - found)
+    [(outbox, keys)] = d.query("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox")
+    assert outbox == keys == found.total()
+    ids = {row[0] for row in d.query("SELECT notification_id FROM outbox")}
+    with d.sink.lock:
+        posts = list(d.sink.posts)
+    by_id: dict[str, set[str]] = {}
+    for webhook_id, body, _ in posts:
+        by_id.setdefault(body["notification_id"], set()).add(webhook_id)
+    assert set(by_id) == ids  # at least once each, nothing else
+    # A repeat (a send cut short by the lost host) carries the same webhook-id.
+    assert all(hooks == {nid} for nid, hooks in by_id.items())
+
+
+def test_runs_are_placed_on_both_worker_hosts(deployment):
+    d = deployment
+    want = first_sync(d)
+    d.wait(
+        lambda: changes(d) >= want,
+        "every source's first sync",
+        progress=lambda: len(changes(d)),
+    )
+    # Runs keep coming (a sync every 10 s): with one run at a time per worker, both get some.
+    d.wait(
+        lambda: (
+            {
+                placed(d).get(r.get("dagster-celery/task_id"))
+                for r in runs(d).values()
+                if r["status"] == "SUCCESS"
+            }
+            >= {"worker1", "worker2"}
+        ),
+        "successful runs on both worker hosts",
+        progress=lambda: len(runs(d)),
+    )
+    d.wait(lambda: delivered(d), "the first notifications")
+    check_once_and_delivered(d, want)
+    # Every finished run went through Celery and was taken by a worker host; the control host
+    # runs no run (its processes: Redis, the daemon, the webserver, their code servers).
+    where = placed(d)
+    done = [r for r in runs(d).values() if r["status"] == "SUCCESS"]
+    assert all(where.get(r.get("dagster-celery/task_id")) in ("worker1", "worker2") for r in done)
+    synced = re.compile(r"tracker_\d+: \d+ inserted")  # a sync's summary line
+    assert any(synced.search(d.log(w.name)) for w in d.workers)
+    assert not any(synced.search(d.log(name)) for name in ("daemon", "webserver"))
+
+
+def test_a_worker_host_lost_mid_run_is_retried_on_the_other(deployment):
+    d = deployment
+    expected = changes(d)
+    mutate(d, expected, create=2, update=3, delete=1)
+    mutated = time.time()
+
+    def victim() -> str | None:
+        """A run started on worker1 after the mutation, with a sync under way."""
+        where = placed(d)
+        for run_id, run in runs(d).items():
+            if run["status"] == "STARTED" and where.get(run.get("dagster-celery/task_id")) == (
+                "worker1"
+            ):
+                syncing = d.query(
+                    "SELECT count(*) FROM sync_runs WHERE dagster_run_id = %s"
+                    " AND started_at > to_timestamp(%s)",
+                    args=(run_id, mutated),
+                )
+                if syncing[0][0]:
+                    return run_id
+        return None
+
+    d.wait(lambda: victim() is not None, "a run syncing on worker1")
+    killed_run = victim()
+    assert d.workers[0].kill_all() > 0
+    killed = time.time()
+
+    d.wait(lambda: runs(d)[killed_run]["status"] == "FAILURE", "run monitoring failing the run")
+    failed_after = time.time() - killed
+
+    def retry() -> dict | None:
+        return next((r for r in runs(d).values() if r.get(PARENT) == killed_run), None)
+
+    d.wait(lambda: (retry() or {}).get("status") == "SUCCESS", "the retry, on worker2")
+    retried_after = time.time() - killed
+    assert placed(d)[retry()["dagster-celery/task_id"]] == "worker2"
+    print(f"run failed {failed_after:.1f} s after the kill, retried and done {retried_after:.1f} s")
+
+    d.wait(
+        lambda: changes(d) >= expected and delivered(d),
+        "every change delivered",
+        progress=lambda: len(changes(d)),
+    )
+    check_once_and_delivered(d, expected)
+    # The killed run's syncs are not left 'running' (the retry marked them abandoned), and the
+    # lost host holds no session, so no sync lock, on the db host.
+    stuck = d.query(
+        "SELECT count(*) FROM sync_runs WHERE status = 'running' AND dagster_run_id = %s",
+        args=(killed_run,),
+    )
+    assert stuck == [(0,)]
+    sessions = d.query(
+        "SELECT count(*) FROM pg_stat_activity WHERE client_addr = %s",
+        database="dagster",
+        args=(d.workers[0].address,),
+    )
+    assert sessions == [(0,)]
+
+
+def failure_lines(d: Deployment, run_id: str) -> list[str]:
+    """The first line of each failed step's deepest error: what a user reads first."""
+    lines = []
+    for (event,) in d.query(
+        "SELECT event FROM event_logs WHERE run_id = %s AND dagster_event_type = 'STEP_FAILURE'",
+        database="dagster",
+        args=(run_id,),
+    ):
+        error = json.loads(event)["dagster_event"]["event_specific_data"]["error"]
+        while error.get("cause"):
+            error = error["cause"]
+        lines.append(error["message"].strip().splitlines()[0])
+    return lines
+
+
+def test_the_db_host_restarted_fails_runs_in_one_line_and_the_next_succeed(deployment):
+    d = deployment
+    expected = changes(d)
+    mutate(d, expected, create=1, update=2, delete=1)
+    mutated = time.time()
+    d.wait(lambda: started_syncing(d, mutated) is not None, "a run syncing")
+    cut_run = started_syncing(d, mutated)
+    before = set(runs(d))
+    d.pg_ctl("stop")
+    time.sleep(10)
+    d.pg_ctl("start")
+    restarted = time.time()
+    d.wait(lambda: runs(d)[cut_run]["status"] in ("FAILURE", "SUCCESS"), "the cut run's end")
+    assert runs(d)[cut_run]["status"] == "FAILURE"
+    # Each failed step says why in its error's first line: the connection the restart cut.
+    lines = failure_lines(d, cut_run)
+    print("\n".join(lines))
+    assert lines
+    assert all(CUT.search(line) for line in lines), lines
+    d.wait(
+        lambda: any(r["status"] == "SUCCESS" for k, r in runs(d).items() if k not in before),
+        "a run after the restart succeeding",
+    )
+    print(f"a run succeeded {time.time() - restarted:.1f} s after the restart")
+    d.wait(
+        lambda: changes(d) >= expected and delivered(d),
+        "every change delivered",
+        progress=lambda: len(changes(d)),
+    )
+    check_once_and_delivered(d, expected)
