@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from changewatch.pipeline.assets.learned_assets import train_watch
-
-__all__ = ["add_parser", "run", "train_watch"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(commands: Any) -> None:
@@ -25,6 +23,8 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: it loads Dagster, which `changewatch --help` must not pay for.
+    from changewatch.pipeline.assets.learned_assets import train_watch
     from changewatch.pipeline.cli.command_line import _known
     from changewatch.pipeline.project.storage_paths import config_path
     from changewatch.pipeline.project.watches_file import load_config
