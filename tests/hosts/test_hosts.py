@@ -27,7 +27,11 @@ from deployment import (
 pytestmark = pytest.mark.hosts
 
 # What PostgreSQL and its clients say of a connection a fast shutdown ended.
-CUT = re.compile(r"terminating connection|server closed the connection|connection refused", re.I)
+CUT = re.compile(
+    r"terminating connection|server closed the connection|connection refused"
+    r"|no connection to the server",
+    re.I,
+)
 
 
 @pytest.fixture(scope="module")
