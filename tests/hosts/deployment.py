@@ -32,7 +32,7 @@ from pathlib import Path
 import psycopg2
 import yaml
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
-from cw_testing import REPO
+from cw_testing import REPO, demo_source_settings
 from netns import Host, Network
 from patience import wait_working
 
@@ -221,23 +221,16 @@ class Deployment:
 
     def write_watches(self) -> Path:
         sources = [
-            {
-                "name": name,
-                "type": "rest",
-                "base_url": server.url,
-                "path": "/repos/acme/widgets/issues",
-                "params": {"state": "all", "per_page": 100},
-                "paginator": {"type": "link_header"},
-                "sync": "snapshot",
-                "baseline": "evaluate",
-                "table": name,
-                "primary_key": "number",
-                "updated_at": "updated_at",
-                "columns": COLUMNS,
-                "interval": self.interval,
-                "jitter": 0,
-                "probe": False,
-            }
+            demo_source_settings(
+                server.url,
+                COLUMNS,
+                name=name,
+                table=name,
+                sync="snapshot",
+                interval=self.interval,
+                jitter=0,
+                probe=False,
+            )
             for name, server in self.trackers.items()
         ]
         watches = [
