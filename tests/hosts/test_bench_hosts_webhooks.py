@@ -32,3 +32,4 @@ def test_the_receiver_killed_loses_no_acknowledged_delivery():
     assert re.search(r"POST -> notification, 200 of 200 notified: p50 \d", out), out
     assert re.search(r"receiver down \(kill -> listening again\): \d+\.\d s$", out, re.M), out
     assert "TARGET MET: 0 acknowledged deliveries lost" in out, out
+    assert "of which their change waits in a change-storm hold 0" in out, out
