@@ -149,10 +149,9 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
                 f"{source.name}: {stats.rejected} record(s) rejected and left out "
                 "(on_bad_record: skip): see table rejected_records; the next sync retries them"
             )
-        context.log.info(
-            f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
-            f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
-        )
+        # No info line of the counts: they are the materialization's metadata, shown beside it
+        # in the run's log, and a line of their own was one more event-log write per changed
+        # source (issue 31, point 5; bench/bench_run_cost.py). Warnings above still go there.
         yield dg.MaterializeResult(
             metadata={
                 "rows_fetched": stats.rows_fetched,
