@@ -71,6 +71,7 @@ def measure(args: argparse.Namespace) -> dict:
     import dagster as dg
     from changewatch.channels.outbox import deliver_due
     from changewatch.evaluators.evaluate import evaluate_watch
+    from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, batch_run_config
     from changewatch.pipeline.definitions.build_definitions import (
         SYNC_JOB,
         build_definitions,
@@ -108,20 +109,28 @@ def measure(args: argparse.Namespace) -> dict:
                 watches_file(folder, api.url, args.sources, 300, 0)
             )
             config = load_config()
-            job = build_definitions(config).resolve_job_def(SYNC_JOB)
+            defs = build_definitions(config)
+            job = defs.resolve_job_def(SYNC_JOB)
+            one_step = defs.resolve_job_def(BATCH_JOB)
             selections = run_selections(config)
             changed = config.sources[: args.changed]
             selected = [k for s in changed for k in selections[s.name]]
             names = {s.name for s in changed}
             watches = [w for w in config.watches if set(w.sources) & names]
-            batched, polls, floors = [], [], []
+            batched, steps, polls, floors = [], [], [], []
             with dg.DagsterInstance.get() as instance:
 
-                def batch() -> tuple[float, int, float]:
+                def batch(one: bool = True) -> tuple[float, int, float]:
+                    """A batched run of the K: its one step, or the asset job's steps."""
                     before, server_before = own_cpu(), server.cpu_seconds()
-                    done = job.execute_in_process(
-                        instance=instance, asset_selection=selected, run_config=QUIET
-                    )
+                    if one:
+                        done = one_step.execute_in_process(
+                            instance=instance, run_config=batch_run_config(names) | QUIET
+                        )
+                    else:
+                        done = job.execute_in_process(
+                            instance=instance, asset_selection=selected, run_config=QUIET
+                        )
                     assert done.success, "a batched run failed"
                     served = server.cpu_seconds() - server_before
                     spent = own_cpu() - before + served
@@ -151,6 +160,9 @@ def measure(args: argparse.Namespace) -> dict:
                     batched.append(batch())
                     for tracker in trackers:
                         tracker.mutate(update=1)
+                    steps.append(batch(one=False))
+                    for tracker in trackers:
+                        tracker.mutate(update=1)
                     floors.append(alone())
                     for i in range(args.polls):
                         trackers[i].mutate(update=1)
@@ -175,17 +187,22 @@ def measure(args: argparse.Namespace) -> dict:
                         polls.append((spent, events(dagster_db, latest_run(dagster_db))))
         dagster_db.close()
         admin.close()
-    batch_s = statistics.median(b[0] for b in batched)
-    server_s = statistics.median(b[2] for b in batched)
     poll_s = statistics.median(p[0] for p in polls)
     return {
-        "batch_s": batch_s,
-        "per_source_s": batch_s / args.changed,
-        "server_s": server_s,
-        "batch_events": statistics.median(b[1] for b in batched) / args.changed,
+        **_figures("one", batched, args.changed),
+        **_figures("steps", steps, args.changed),
         "poll_s": poll_s,
         "alone_s": statistics.median(floors) / args.changed,
         "poll_events": statistics.median(p[1] for p in polls),
+    }
+
+
+def _figures(name: str, runs: list[tuple[float, int, float]], changed: int) -> dict:
+    return {
+        f"{name}_s": statistics.median(r[0] for r in runs),
+        f"{name}_server_s": statistics.median(r[2] for r in runs),
+        f"{name}_per_source_s": statistics.median(r[0] for r in runs) / changed,
+        f"{name}_events": statistics.median(r[1] for r in runs) / changed,
     }
 
 
@@ -205,17 +222,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.changed} changed, {args.polls} runs per poll a round, {args.rounds} rounds "
         "(medians; core-s of the run's process plus the PostgreSQL server's)"
     )
-    print(f"batched run:               {f['batch_s']:7.2f} core-s (the server {f['server_s']:.2f})")
+    for name, label in (("steps", "a step per asset"), ("one", "one step")):
+        print(
+            f"batched run, {label + ':':<17} {f[name + '_s']:6.2f} core-s "
+            f"(the server {f[name + '_server_s']:.2f}); per changed source "
+            f"{f[name + '_per_source_s']:.3f} core-s, {f[name + '_events']:.1f} Dagster events, "
+            f"{f[name + '_per_source_s'] / f['poll_s']:.1%} of a run per poll"
+        )
     print(
-        f"  per changed source:      {f['per_source_s']:7.3f} core-s, "
-        f"{f['batch_events']:.1f} Dagster events"
+        f"the same work alone:             per changed source {f['alone_s']:.3f} core-s "
+        f"(syncs, evaluations, delivery called without Dagster), "
+        f"{f['alone_s'] / f['poll_s']:.1%} of a run per poll"
     )
     print(
-        f"  the same work alone:     {f['alone_s']:7.3f} core-s per changed source "
-        "(syncs, evaluations, delivery called without Dagster)"
+        f"run per poll:                    {f['poll_s']:6.2f} core-s, {f['poll_events']:.0f} events"
     )
-    print(f"run per poll:              {f['poll_s']:7.2f} core-s, {f['poll_events']:.0f} events")
-    print(f"per changed source / run per poll: {f['per_source_s'] / f['poll_s']:.1%}")
+    print(
+        "one step / a step per asset, per changed source: "
+        f"{f['one_per_source_s'] / f['steps_per_source_s']:.2f}"
+    )
     return 0
 
 
