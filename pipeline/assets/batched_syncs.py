@@ -48,7 +48,7 @@ from changewatch.pipeline.project.watches_file import ChangewatchConfig
 __all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batched_sync_job"]
 
 BATCH_JOB = "sync_batch"
-BATCH_OP = "sync_batch"
+BATCH_OP = "sync_evaluate_deliver"  # not the job's name: Dagster refuses an op named as its job
 
 
 def batch_run_config(sources: Iterable[str]) -> dict:
