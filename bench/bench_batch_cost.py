@@ -24,12 +24,15 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
 import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from contextlib import nullcontext
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -124,9 +127,13 @@ def measure(args: argparse.Namespace) -> dict:
                     """A batched run of the K: its one step, or the asset job's steps."""
                     before, server_before = own_cpu(), server.cpu_seconds()
                     if one:
-                        done = one_step.execute_in_process(
-                            instance=instance, run_config=batch_run_config(names) | QUIET
-                        )
+                        profile = cProfile.Profile(time.process_time) if args.profile else None
+                        with profile or nullcontext():
+                            done = one_step.execute_in_process(
+                                instance=instance, run_config=batch_run_config(names) | QUIET
+                            )
+                        if profile is not None:
+                            profile.dump_stats(args.profile)
                     else:
                         done = job.execute_in_process(
                             instance=instance, asset_selection=selected, run_config=QUIET
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--polls", type=int, default=3, help="runs per poll measured each round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--issues", type=int, default=40)
+    parser.add_argument("--profile", help="write cProfile stats (CPU time) of a one-step run here")
     args = parser.parse_args(argv)
     if not 0 < args.polls <= args.changed <= args.sources:
         parser.error("need 0 < --polls <= --changed <= --sources")

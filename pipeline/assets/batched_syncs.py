@@ -61,9 +61,11 @@ class BatchConfig(dg.Config):
 
 
 def batched_sync_job(
-    config: ChangewatchConfig, *, warehouse_url: str, threads: int
+    config: ChangewatchConfig, *, warehouse_url: str, threads: int, resources: dict
 ) -> dg.JobDefinition:
-    """The job of batched runs over the plain sources of ``config``."""
+    """The job of batched runs over the plain sources of ``config``, with the code location's
+    ``resources`` bound (a job Definitions had to bind them to makes Dagster copy the sensors
+    that target it, with a warning about a beta parameter on every load)."""
     duckdb = warehouse_pool(warehouse_url, "batch") == WAREHOUSE_POOL
     workers = 1 if duckdb else threads
     watches_file = config  # the op's own parameter `config` is its run config
@@ -135,6 +137,7 @@ def batched_sync_job(
     @dg.job(
         name=BATCH_JOB,
         executor_def=dg.in_process_executor,
+        resource_defs=resources,
         description=(
             "Batched runs: the syncs of several sources due at one tick, their watches' "
             "evaluations and delivery, in one step; each asset's materialization and checks "

@@ -122,10 +122,13 @@ def build_definitions(
         assets.append(poll_schedule_asset(warehouse_url=url))
 
     tick = config.polling.tick
+    resources = {"warehouse": warehouse_resource(environ), "judges": JudgeResource()}
     recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
     # Several sources due at one tick: one run of one step (pipeline/assets/batched_syncs.py).
     batch_job = (
-        batched_sync_job(config, warehouse_url=url, threads=_threads(url, environ))
+        batched_sync_job(
+            config, warehouse_url=url, threads=_threads(url, environ), resources=resources
+        )
         if interval_sources
         else None
     )
@@ -179,7 +182,7 @@ def build_definitions(
         + maintenance_jobs,
         sensors=sensors,
         schedules=schedules,
-        resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},
+        resources=resources,
         executor=dg.in_process_executor,
     )
 
