@@ -171,7 +171,7 @@ def sync_events(source: SourceConfig, context, warehouse: WarehouseResource) -> 
         )
     # No info line of the counts: they are the materialization's metadata, shown beside it
     # in the run's log, and a line of their own was one more event-log write per changed
-    # source (issue 31, point 5; bench/bench_run_cost.py). Warnings above still go there.
+    # source (issue 31, point 5; bench/bench_batch_cost.py). Warnings above still go there.
     yield dg.MaterializeResult(
         metadata={
             "rows_fetched": stats.rows_fetched,
