@@ -7,8 +7,9 @@ else the machine does, so one worker against two measures the workers' capacity.
 
 cgroup v2's ``cpu.max`` where the cpu controller is in the unified hierarchy; else cgroup v1's
 ``cpu.cfs_quota_us`` (the same CFS bandwidth control under its v1 name), as on this machine,
-whose unified hierarchy holds no controllers. A process joins before it execs (``wrap``), so
-everything it starts is in the group from the first instruction. Root only.
+whose unified hierarchy holds no controllers. A process joins before it execs (``wrap``, around
+``ip netns exec``, whose own sysfs has no cgroup trees), so everything it starts is in the
+group from the first instruction. Root only.
 """
 
 from __future__ import annotations

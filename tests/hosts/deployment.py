@@ -424,16 +424,22 @@ class Deployment:
         argv: list[str],
         cpu: int | None = None,
         extra_env: dict[str, str] | None = None,
+        quota: CpuQuota | None = None,
     ) -> None:
         if cpu is not None:
             argv = ["taskset", "-c", str(cpu), *argv]
+        command = host.command(argv)
+        if quota is not None:
+            # Joined outside `ip netns exec`, which mounts a sysfs of its own without the
+            # cgroup trees; the group is kept through its exec and by every child.
+            command = quota.wrap(command)
         env = self.env(host) | (extra_env or {})
         out = (self.logs / f"{name}.log").open("a")
         self.stack.callback(out.close)
         if name in self.procs:
             self.procs[name].wait(timeout=30)  # a restart: the one before is gone
-        self.procs[name] = host.popen(
-            argv, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
+        self.procs[name] = subprocess.Popen(
+            command, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
         )
 
     def start_control(self) -> None:
@@ -514,11 +520,12 @@ class Deployment:
         app = "changewatch.pipeline.definitions.celery_worker"
         argv = [str(BIN / "celery"), "-A", app, "worker", "-n", f"{host.name}@%h", "-Q", "dagster"]
         argv += ["--concurrency", str(concurrency), "--loglevel", "INFO"]
+        quota = None
         if self.cpu_quota is not None:
             if host.name not in self.quotas:  # a restarted host keeps its group
                 self.quotas[host.name] = CpuQuota(f"cw-{host.name}", self.cpu_quota)
-            argv = self.quotas[host.name].wrap(argv)
-        self.spawn(host, host.name, argv, cpu=cpu)
+            quota = self.quotas[host.name]
+        self.spawn(host, host.name, argv, cpu=cpu, quota=quota)
 
     # -- looking -------------------------------------------------------------------------------
     def all_pids(self) -> list[int]:
