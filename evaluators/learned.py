@@ -69,6 +69,9 @@ class LearnedModel:
     threshold: float  # decide where max(p, 1 - p) >= this; 1.0: never (abstain)
     labels: int  # how many labels it was trained on
     family: str = "both"  # its features: text, numbers or both (learned_selection)
+    # The numeric diffs' mean and spread over the training labels (learned_features.scaling).
+    center: np.ndarray | None = None
+    scale: np.ndarray | None = None
     features: int = FEATURES
     trained_at: float = field(default_factory=time.time)
 
@@ -79,13 +82,11 @@ class LearnedModel:
 
     def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
         """P(notify) for each change's prompt text."""
-        return self.classifier.predict_proba(_features(self.family, prompts, self.columns))[:, 1]
-
-
-def _features(family: str, prompts: Sequence[str], columns: Sequence[str]) -> np.ndarray:
-    # Embedding is the costly part: a numbers-only model never embeds.
-    text = lf.embed(prompts) if family != "numbers" else np.zeros((len(prompts), 0))
-    return ls.family_features(family, text, lf.numeric_features(prompts, columns))
+        text = lf.embed(prompts) if self.family != "numbers" else np.zeros((len(prompts), 0))
+        numbers = lf.numeric_features(prompts, self.columns)
+        if self.center is not None and self.scale is not None:
+            numbers = (numbers - self.center) / self.scale
+        return self.classifier.predict_proba(ls.family_features(self.family, text, numbers))[:, 1]
 
 
 def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[float] | None = None,
@@ -100,6 +101,8 @@ def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[flo
         return None
     columns = lf.numeric_columns(prompts)
     numbers = lf.numeric_features(prompts, columns)
+    center, scale = lf.scaling(numbers)
+    numbers = (numbers - center) / scale
     families = choices.pop("families", ls.FAMILIES)
     text = lf.embed(prompts) if set(families) - {"numbers"} else np.zeros((len(y), 0))
     w = None if weights is None else np.asarray(weights, dtype=float)
@@ -108,16 +111,20 @@ def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[flo
         text, numbers, y, weights=w, folds=min(5, fewest), inner=inner,
         target=TARGET_PRECISION, families=families, threshold=threshold, **choices,
     )
-    classifier = ls.classifier(choice.family, inner)
+    classifier = ls.classifier(inner)
     x = ls.family_features(choice.family, text, numbers)
     classifier.fit(x, y, **({} if w is None else {"sample_weight": w}))
-    return LearnedModel(columns, classifier, choice.threshold, len(y), choice.family)
+    return LearnedModel(
+        columns, classifier, choice.threshold, len(y), choice.family, center, scale
+    )
 
 
 def _dumps(model: LearnedModel) -> bytes:
     buffer = io.BytesIO()
     pickle.dump(
-        (model.columns, model.classifier, model.threshold, model.labels, model.family), buffer
+        (model.columns, model.classifier, model.threshold, model.labels, model.family,
+         model.center, model.scale),
+        buffer,
     )
     return buffer.getvalue()
 

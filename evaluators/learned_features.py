@@ -27,6 +27,7 @@ __all__ = [
     "embed",
     "numeric_columns",
     "numeric_features",
+    "scaling",
     "values_of",
 ]
 
@@ -137,3 +138,15 @@ def numeric_features(prompts: Sequence[str], columns: Sequence[str]) -> np.ndarr
                 before == 0 and after != 0
             )
     return rows
+
+
+def scaling(numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's mean and standard deviation over training rows (1 where it is constant),
+    to standardize with: numeric diffs in euros and in yen, counts and ratios weigh alike.
+
+    >>> [a.tolist() for a in scaling(np.array([[1.0, 5.0], [3.0, 5.0]]))]
+    [[2.0, 5.0], [1.0, 1.0]]
+    """
+    center = numbers.mean(axis=0) if len(numbers) else np.zeros(numbers.shape[1])
+    spread = numbers.std(axis=0) if len(numbers) else np.ones(numbers.shape[1])
+    return center, np.where(spread > 0, spread, 1.0)

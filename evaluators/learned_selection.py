@@ -4,10 +4,11 @@ Part of fitting (evaluators/learned.py's ``fit``), before the final model is tra
 labels. Two choices, each made on out-of-fold probabilities of the training labels alone:
 
 - **which features**: the change's text (its embedding), its numbers (the numeric diffs of
-  learned_features, standardized), or both. At forty labels the 384 embedding dimensions
-  drown a few numeric ones when both are given to one model, so each family is a model of its
-  own and the one with the best out-of-fold Brier score is kept (issue 33: on price watches
-  the numbers carry the signal, on incident watches only the text can);
+  learned_features, standardized on the training labels), or both. At forty labels the 384
+  embedding dimensions drown a few numeric ones when both are given to one model, so each
+  family is a model of its own and the one with the best out-of-fold Brier score is kept
+  (issue 33: on price watches the numbers carry the signal, on incident watches only the text
+  can);
 - **where it decides**: the lowest threshold whose decisions keep precision, recall and
   accuracy at the target on the pooled out-of-fold labels *and on every fold alone*, from at
   least ``MIN_DECIDED`` decisions. One lucky fold cannot carry the threshold, so the stage
@@ -35,8 +36,6 @@ __all__ = [
 FAMILIES = ("numbers", "text", "both")
 # Out-of-fold decisions a threshold must rest on (fewer: it decides nothing).
 MIN_DECIDED = 5
-# Embedding width of all-MiniLM-L6-v2: the first columns of the "both" family.
-_TEXT_WIDTH = 384
 _SEED = 0
 
 
@@ -53,30 +52,16 @@ def family_features(family: str, text: np.ndarray, numbers: np.ndarray) -> np.nd
     return np.hstack([text, numbers])
 
 
-def classifier(family: str, folds: int) -> Any:
-    """A calibrated logistic regression for ``family``'s features (sigmoid over ``folds``).
-
-    Embeddings are left as they are (unit-length rows: each dimension is small and on the
-    same scale); numeric diffs are standardized, so their weight does not depend on units.
-    """
+def classifier(folds: int) -> Any:
+    """A logistic regression calibrated by sigmoid over ``folds``, for any family's features
+    (numbers come standardized, learned_features.standardized, so their weight does not
+    depend on units; embeddings are left as they are: unit-length rows, every dimension on the
+    same small scale). No sklearn Pipeline: it would not pass sample weights through."""
     from sklearn.calibration import CalibratedClassifierCV
-    from sklearn.compose import ColumnTransformer
     from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
 
     model = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced")
-    if family == "numbers":
-        base = make_pipeline(StandardScaler(), model)
-    elif family == "both":
-        columns = ColumnTransformer(
-            [("text", "passthrough", slice(0, _TEXT_WIDTH)),
-             ("numbers", StandardScaler(), slice(_TEXT_WIDTH, None))]
-        )
-        base = make_pipeline(columns, model)
-    else:
-        base = model
-    return CalibratedClassifierCV(base, method="sigmoid", cv=folds)
+    return CalibratedClassifierCV(model, method="sigmoid", cv=folds)
 
 
 def choose_threshold(
@@ -165,7 +150,7 @@ where there are none."""
         x = family_features(family, text, numbers)
         p = np.zeros(len(y))
         for train, test in splits:
-            model = classifier(family, inner)
+            model = classifier(inner)
             params = {} if weights is None else {"sample_weight": weights[train]}
             model.fit(x[train], y[train], **params)
             p[test] = model.predict_proba(x[test])[:, 1]
