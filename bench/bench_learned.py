@@ -5,11 +5,12 @@ Three parts, each optional (``--parts``):
 
 - ``variants``: ``evaluators/cross_validate.py`` on every examples file of ``evals/`` with the
   same folds, once per recipe of ``learned.fit`` (``VARIANTS``): one model on text and numbers
-  with the threshold held on the pooled out-of-fold labels (the recipe before this bench, with
-  the numbers now standardized); the feature family (text, numbers or both) chosen by inner
-  cross-validation, threshold pooled; and the default: family chosen, threshold held on every
-  fold, from at least 5 out-of-fold decisions (or 8). Printed per recipe: F1 alone, share
-  decided with precision and recall there, per curve point, and the CPU seconds it took.
+  with the threshold held on the pooled out-of-fold labels from any number of decisions (the
+  recipe before this bench, but with the numbers standardized and "reached zero"); the family
+  (text, numbers or both) chosen by inner cross-validation, threshold pooled; and the
+  default: family chosen, threshold held on every fold, from at least 10 out-of-fold
+  decisions (or 5). Printed per recipe: F1 alone, share decided with precision and recall
+  there, per curve point, and the CPU seconds it took.
 - ``wire``: ``changewatch eval --cross-validate K --examples evals --model stub --base-url
   URL --format json`` in a child process against tests/openai_server.py's OpenAI-compatible
   server on loopback, once per stub rule (``STUBS``): ``notify`` answers notify to every
@@ -56,10 +57,10 @@ from openai_server import FakeOpenAIServer, Reply, Request  # noqa: E402
 
 EVALS = REPO / "evals"
 VARIANTS: dict[str, dict[str, Any]] = {
-    "one model, pooled": {"families": ("both",), "every_fold": False},
-    "family chosen, pooled": {"every_fold": False},
-    "family chosen, every fold (default)": {},
-    "family chosen, every fold, 8 decided": {"min_decided": 8},
+    "one model, pooled": {"families": ("both",), "every_fold": False, "min_decided": 1},
+    "family chosen, pooled": {"every_fold": False, "min_decided": 5},
+    "family chosen, every fold, 5 decided": {"min_decided": 5},
+    "family chosen, every fold, 10 decided (default)": {},
 }
 STUBS = ("notify", "labels")
 
