@@ -20,9 +20,11 @@ Three parts, each optional (``--parts``):
   It checks that the server got exactly as many requests as the table says were sent to the
   LLM, and prints the table, the requests and the child's CPU seconds.
 - ``local``: the same cross-validation on one examples file (``--local-examples``) with the
-  bundled model (``model: local``, the ``[local]`` extra) answering the rest, in this process;
-  a change asked about at several curve points is judged once (the verdict cache's rule: same
-  change, same model, same verdict), since one verdict takes 10-40 s on this machine.
+  bundled model (``model: local``, the ``[local]`` extra) answering the rest: it judges every
+  change of the file once, in a child process (``changewatch eval --model local --resume``,
+  verdicts kept in ``--local-results``), and the cascade's questions are answered from those
+  verdicts (the verdict cache's rule: same change, same model, same verdict), since one
+  verdict takes 10-40 s on this machine.
 
 Run from the repository root with the ``[learn]`` extra (``[learn,local]`` for ``local``)::
 
@@ -176,29 +178,42 @@ def wire(k: int) -> None:
         print(format_rows(rows))
 
 
-def local(k: int, examples: Path) -> None:
-    from changewatch.evaluators import local_model
-    from changewatch.evaluators.config import JudgeConfig
-    from changewatch.evaluators.judge import Judge
+def local(k: int, examples: Path, results: Path) -> None:
+    """The bundled model judges every change of ``examples`` in a child process (`changewatch
+    eval --model local --resume`: a run cut short carries on), then the cascade's rest is
+    answered from those verdicts. Not in this process: llama.cpp beside torch here ended the
+    process with a segfault (exit 139, 2026-11-29)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))}
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(REPO / "watches.yaml", folder)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "changewatch.pipeline.cli", "eval", "--model", "local",
+             "--examples", str(examples), "--results", str(results), "--resume"],
+            cwd=folder, env=environ | {"DAGSTER_HOME": folder}, capture_output=True, text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):  # 1: a model below a bar, or one that never answered
+        sys.exit(f"bench_learned: the local eval failed: {done.stderr.strip()[-400:]}")
+    from changewatch.evaluators.eval_results import read_results
 
-    if (why := local_model.unavailable()) is not None:
-        sys.exit(f"bench_learned: {why}")
+    verdicts = {r.example: r for r in read_results(results)}
     file = load_examples_file(examples)
-    watch = file.watch or examples.stem
-    judge = Judge(JudgeConfig(condition=file.condition, model="local"))
-    answers: dict[int, bool] = {}
+    latencies = sorted(r.latency_ms for r in verdicts.values())
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"local model on {examples.name}: {len(verdicts)} of {len(file.examples)} changes "
+          f"judged, median {latencies[len(latencies) // 2] / 1000:.1f} s a verdict; this run "
+          f"{wall:.0f} s wall, {cpu:.0f} CPU s, load {_load():.1f}")
 
     def ask(example: Any) -> bool:
-        if id(example) not in answers:
-            answers[id(example)] = judge.evaluate(example.change(watch)).notify
-        return answers[id(example)]
+        index = file.examples.index(example)
+        return verdicts[example.label(index)].got == "notify"
 
-    cpu, started = time.process_time(), time.perf_counter()
-    rows = cross_validate(examples.stem, watch, file.examples, k, ask)
-    print(f"local model ({judge.model_id}) on {examples}: {len(answers)} changes judged, "
-          f"{time.perf_counter() - started:.0f} s wall, {time.process_time() - cpu:.0f} CPU s "
-          f"of this process, load {_load():.1f}")
-    print(format_rows(rows))
+    print(format_rows(cross_validate(examples.stem, file.watch or examples.stem,
+                                     file.examples, k, ask)))
 
 
 def main() -> None:
@@ -206,6 +221,10 @@ def main() -> None:
     parser.add_argument("--parts", default="variants,wire", help="variants, wire, local")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--local-examples", type=Path, default=EVALS / "prices.yaml")
+    parser.add_argument(
+        "--local-results", type=Path, default=Path(".changewatch") / "bench-learned-local.jsonl",
+        help="the local model's verdicts, kept between runs (--resume)",
+    )
     args = parser.parse_args()
     parts = args.parts.split(",")
     print(f"bench_learned {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
@@ -215,7 +234,7 @@ def main() -> None:
     if "wire" in parts:
         wire(args.folds)
     if "local" in parts:
-        local(args.folds, args.local_examples)
+        local(args.folds, args.local_examples, args.local_results)
 
 
 if __name__ == "__main__":
