@@ -181,8 +181,8 @@ def wire(k: int) -> None:
 def local(k: int, examples: Path, results: Path) -> None:
     """The bundled model judges every change of ``examples`` in a child process (`changewatch
     eval --model local --resume`: a run cut short carries on), then the cascade's rest is
-    answered from those verdicts. Not in this process: llama.cpp beside torch here ended the
-    process with a segfault (exit 139, 2026-11-29)."""
+    answered from those verdicts. A child, so that the model crashing is one line here: on
+    2026-11-29 llama.cpp as built into the learn venv segfaulted in its first decode."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))}
     with tempfile.TemporaryDirectory() as folder:
         shutil.copy(REPO / "watches.yaml", folder)
@@ -197,7 +197,8 @@ def local(k: int, examples: Path, results: Path) -> None:
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0, 1):  # 1: a model below a bar, or one that never answered
-        sys.exit(f"bench_learned: the local eval failed: {done.stderr.strip()[-400:]}")
+        sys.exit(f"bench_learned: the local eval failed (exit {done.returncode}): "
+                 f"{done.stderr.strip()[-400:] or 'nothing on stderr'}")
     from changewatch.evaluators.eval_results import read_results
 
     verdicts = {r.example: r for r in read_results(results)}
