@@ -2,9 +2,15 @@
 worker host buys, and what a worker host killed mid-run costs.
 
 1. Scaling: the same sources, a fraction of them changing each minute, on 1 worker host and
-   then on 2, each worker pinned to a core of its own (taskset). Prints syncs per minute,
-   change -> webhook notification p50/p95 (the demo tracker's change to the POST's arrival),
-   and the control and db hosts' CPU (core-seconds per minute of the window), apart.
+   then on 2, each worker pinned to a core of its own (taskset) and, with ``--cpu-quota``,
+   held to that many cores' time by a cgroup (tests/hosts/cpu_quota.py), so that the workers
+   are the bottleneck and the other hosts keep CPU for themselves: with more syncs asked than
+   one worker can do, syncs per minute is the workers' capacity. Sources' slots are spread
+   over their interval (``--jitter``), so due sources make several runs a minute for the
+   workers to share. Prints syncs per minute, change -> webhook notification p50/p95 (the demo
+   tracker's change to the POST's arrival), the workers' CPU and how often their quota ran
+   out, and the control and db hosts' CPU (core-seconds per minute of the window), apart;
+   and the load average around each.
 2. Kills: a worker host killed (every process, SIGKILL) while a run syncs on it, ``--kills``
    times, restarted after each: lost changes and notifications, duplicates, and the time from
    the kill to the run failed by run monitoring and to its retry done on the other worker.
@@ -16,7 +22,9 @@ tests/hosts/test_bench_hosts.py runs a small one.
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import signal
 import sys
 import time
 from collections import Counter
@@ -51,15 +59,19 @@ def scaling(workers: int, args: argparse.Namespace) -> dict:
     """One deployment with ``workers`` pinned worker hosts: its figures over the window."""
     with Deployment(
         workers=workers, sources=args.sources, issues=args.issues, interval=args.interval,
-        pin=True, concurrency=1,
+        pin=True, concurrency=1, cpu_quota=args.cpu_quota, jitter=args.jitter,
+        webserver=False,
     ) as d:  # fmt: skip
         inserts = sum(len(s.tracker) for s in d.trackers.values())
         d.wait(lambda: len(changes(d)) >= inserts, "the first syncs", limit=args.warmup)
         d.wait(lambda: delivered(d), "the first notifications", limit=args.warmup)
+        load_before = os.getloadavg()
         names = list(d.trackers)
         per_second = args.change * len(names) / 60
         made: dict[tuple[str, str], float] = {}
-        cpu0 = {h.name: cpu_seconds(h.pids()) for h in (d.control, d.db)}
+        measured = (d.control, d.db, *d.workers)
+        cpu0 = {h.name: cpu_seconds(h.pids()) for h in measured}
+        quota0 = {name: quota.stat() for name, quota in d.quotas.items()}
         start = time.time()
         owed = 0.0
         while (now := time.time()) < start + args.minutes * 60:
@@ -71,7 +83,9 @@ def scaling(workers: int, args: argparse.Namespace) -> dict:
                     made[(name, str(key))] = time.time()
             time.sleep(max(0.0, 1 - (time.time() - now)))
         end = time.time()
-        cpu = {h.name: cpu_seconds(h.pids()) - cpu0[h.name] for h in (d.control, d.db)}
+        cpu = {h.name: cpu_seconds(h.pids()) - cpu0[h.name] for h in measured}
+        throttled = [quota.throttled(quota0[name]) for name, quota in d.quotas.items()]
+        load_after = os.getloadavg()
         [(syncs,)] = d.query(
             "SELECT count(*) FROM sync_runs WHERE status = 'succeeded'"
             " AND finished_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
@@ -102,6 +116,9 @@ def scaling(workers: int, args: argparse.Namespace) -> dict:
             "p95": pct(waits, 0.95),
             "control_cpu": cpu["control"] / minutes,
             "db_cpu": cpu["db"] / minutes,
+            "worker_cpu": sum(cpu[w.name] for w in d.workers) / minutes / workers,
+            "throttled": sum(throttled) / len(throttled) if throttled else float("nan"),
+            "load": (load_before[0], load_after[0]),
         }
 
 
@@ -182,16 +199,32 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1800, help="limit of the first syncs, s")
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--kill-sources", type=int, default=8)
+    parser.add_argument(
+        "--cpu-quota", type=float, default=None, help="cores of CPU time per worker host"
+    )
+    parser.add_argument(
+        "--jitter", type=float, default=None, help="spread of sources' slots, s (default: interval)"
+    )
     args = parser.parse_args()
+    if args.jitter is None:
+        args.jitter = args.interval
+    # Killed (a CI timeout, Ctrl-C): leave through the deployments' exits, which remove the
+    # namespaces, the cgroups and every process in them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    print(f"scaling: {args.sources} sources, interval {args.interval:g} s, "
-          f"{args.change:.0%} changing a minute, {args.minutes:g} min window")  # fmt: skip
+    quota = f"{args.cpu_quota:g} core" if args.cpu_quota else "no quota"
+    print(f"scaling: {args.sources} sources, interval {args.interval:g} s (asked: "
+          f"{args.sources * 60 / args.interval:.0f} syncs/min), {args.change:.0%} changing a "
+          f"minute, {args.minutes:g} min window; each worker on its own CPU, {quota}",
+          flush=True)  # fmt: skip
     results = [scaling(workers, args) for workers in (1, 2)]
-    print("workers  syncs/min  changes  notified  p50 s  p95 s  control core-s/min  db core-s/min")
+    print("workers  syncs/min  changes  notified  p50 s  p95 s  control core-s/min  db core-s/min"
+          "  worker core-s/min  quota ran out  load before/after")  # fmt: skip
     for r in results:
         print(f"{r['workers']:>7}  {r['syncs_per_min']:>9.1f}  {r['changes']:>7}  "
               f"{r['notified']:>8}  {r['p50']:>5.1f}  {r['p95']:>5.1f}  "
-              f"{r['control_cpu']:>18.2f}  {r['db_cpu']:>13.2f}")  # fmt: skip
+              f"{r['control_cpu']:>18.2f}  {r['db_cpu']:>13.2f}  {r['worker_cpu']:>17.2f}  "
+              f"{r['throttled']:>13.0%}  {r['load'][0]:>6.1f} {r['load'][1]:.1f}")  # fmt: skip
     ratio = results[1]["syncs_per_min"] / max(results[0]["syncs_per_min"], 1e-9)
     print(f"2 workers / 1 worker: {ratio:.2f}x the syncs per minute")
     if args.kills:

@@ -203,7 +203,11 @@ class _Workers:
 
 
 class _HTTPServer(HTTPServer):
-    allow_reuse_address = False  # a second server on a taken port must fail, not share it
+    # SO_REUSEADDR, so a server killed and started again binds at once: the connections it
+    # closed hold its port in TIME_WAIT for a minute, and without it the restart failed with
+    # "Address already in use" (bench/bench_hosts_webhooks.py). On Linux and BSD it never lets
+    # a second server bind a port one listens on; on Windows it would, so not there.
+    allow_reuse_address = sys.platform != "win32"
     # The listen backlog: socketserver's 5 drops the connections of a burst (their clients
     # retry a second or more later); the kernel caps it at net.core.somaxconn.
     request_queue_size = 1024

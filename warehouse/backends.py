@@ -165,6 +165,17 @@ class Warehouse(ABC):
     def close(self) -> None:
         """Close the connection."""
 
+    @property
+    def tables_key(self) -> str | None:
+        """What names this warehouse's tables for a process-wide memo of the DDL already
+        committed (warehouse/schema.py), or None for no memo: a DuckDB file's DDL is cheap in
+        process, and a file may be removed and made anew under one path."""
+        return None
+
+    def after_commit(self, done: Callable[[], None]) -> None:
+        """Call ``done`` once the current transaction commits (never if it rolls back)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no memo (tables_key is None)")
+
     def __enter__(self) -> Warehouse:
         return self
 
@@ -273,6 +284,8 @@ class PostgresWarehouse(Warehouse):
         self._spare: Future[PostgresWarehouse] | None = None
         # Work to do once the current transaction has rolled back (see bulk_load_aside).
         self._on_rollback: list[Callable[[], None]] = []
+        # Work to do once the current transaction has committed (see after_commit).
+        self._on_commit: list[Callable[[], None]] = []
         uri, schema = _split_schema(url)
         try:
             # A read-only session is a person's query (`changewatch sql`): the server's
@@ -469,12 +482,21 @@ class PostgresWarehouse(Warehouse):
                 "SELECT pg_advisory_unlock(hashtextextended($1, 0))", (self._lock_id(key),)
             )
 
+    @property
+    def tables_key(self) -> str:
+        return self._url  # the database and the schema; a memo key, never shown
+
+    def after_commit(self, done: Callable[[], None]) -> None:
+        self._on_commit.append(done)
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         # ADBC connections start with autocommit off: everything until commit is one transaction.
         try:
             yield
             self._con.commit()
+            for done in self._on_commit:
+                done()
         except BaseException as error:
             try:
                 self._con.rollback()
@@ -491,6 +513,7 @@ class PostgresWarehouse(Warehouse):
             raise
         finally:
             self._on_rollback.clear()
+            self._on_commit.clear()
 
     def close(self) -> None:
         spare, self._spare = self._spare, None

@@ -54,8 +54,31 @@ def evolved_column(field: str) -> str:
     return _WORD_START.sub("_", field).replace("-", "_").lower()
 
 
+# The tables this process has seen committed, by warehouse (Warehouse.tables_key) and group.
+# Every sync and every evaluation passes through ensure_*: on PostgreSQL each CREATE ... IF NOT
+# EXISTS of an existing table is still a lock, a catalog lookup and a notice, some 12
+# statements a changed source, in each batched run (issue 31, point 5; bench_batch_cost.py).
+# Recorded only once the transaction that ran them commits, so a rolled-back first sync is
+# not taken for a created schema.
+_committed: set[tuple[str, str]] = set()
+
+
+def _already(wh: Warehouse, group: str) -> bool:
+    """Whether ``group``'s tables were committed to ``wh`` by this process; if not, they
+    will count as committed once the caller's transaction commits."""
+    key = wh.tables_key
+    if key is None:
+        return False
+    if (key, group) in _committed:
+        return True
+    wh.after_commit(lambda: _committed.add((key, group)))
+    return False
+
+
 def ensure_bookkeeping(wh: Warehouse) -> None:
     """Create ``sync_state`` and ``sync_runs`` if they are missing (idempotent)."""
+    if _already(wh, "bookkeeping"):
+        return
     _ddl_lock(wh)
     for name in (
         "create_sync_state",
@@ -82,6 +105,8 @@ _SYNC_RUNS_ADDED = {
 def ensure_evaluation_tables(wh: Warehouse) -> None:
     """Create the tables watches write (watermarks, evaluations, verdict cache, outbox) and the
     ``decisions`` view over them."""
+    if _already(wh, "evaluation"):
+        return
     _ddl_lock(wh)
     for name in (
         "create_watch_state",
@@ -120,6 +145,8 @@ _DECISIONS_NEWEST = "suppressed"
 
 def ensure_delivery_tables(wh: Warehouse) -> None:
     """Create the outbox, delivery and digest tables (idempotent)."""
+    if _already(wh, "delivery"):
+        return
     _ddl_lock(wh)
     for name in ("create_outbox", "create_deliveries", "create_digests", "create_channel_circuits"):
         wh.execute(render(name, wh.dialect))

@@ -4,7 +4,7 @@
 # at definition time to recognise the context and resource parameters.
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 from changewatch.pipeline.assets.asset_signatures import shared_signature
@@ -32,7 +32,15 @@ from changewatch.warehouse.schema import changes_table
 from changewatch.warehouse.sync import SyncSkipped, SyncStats, held_changes, run_sync
 from dagster import AssetExecutionContext
 
-__all__ = ["FULL_TAG", "SILENT_TAG", "SOURCE_TAG", "STORM_CHECK", "WAREHOUSE_POOL", "sync_asset"]
+__all__ = [
+    "FULL_TAG",
+    "SILENT_TAG",
+    "SOURCE_TAG",
+    "STORM_CHECK",
+    "WAREHOUSE_POOL",
+    "sync_asset",
+    "sync_events",
+]
 
 SOURCE_TAG = "changewatch/source"
 STORM_CHECK = "no_change_storm"
@@ -87,101 +95,110 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
     )
     @shared_signature  # Dagster reads it ~17 times (pipeline/assets/asset_signatures.py)
     def _sync(context: AssetExecutionContext, warehouse: WarehouseResource):  # yields its events
-        inbox = open_inbox() if source.webhook is not None else None
-        # The webhook deliveries stored before this sync fetches are covered by it.
-        covered = _inbox(context, lambda: inbox.watermark(source.name)) if inbox else 0
-        try:
-            with warehouse.connect() as wh:
-                try:
-                    stats = run_sync(
-                        wh,
-                        build_source(source),
-                        dagster_run_id=context.run.run_id,
-                        silent=context.run.tags.get(SILENT_TAG) == "true",
-                        full=context.run.tags.get(FULL_TAG) == "true",
-                    )
-                except SyncSkipped as skipped:
-                    context.log.info(f"{source.name}: {skipped}")
-                    yield dg.AssetObservation(
-                        asset_key=source.table, metadata={"skipped": str(skipped)}
-                    )
-                    # The check is the other sync's to evaluate: this one says so, and passes.
-                    yield dg.AssetCheckResult(
-                        check_name=STORM_CHECK, passed=True, description=str(skipped)
-                    )
-                    yield from _paused(context, source)
-                    yield from _rejected_passes(source, str(skipped))
-                    return
-                held = held_changes(wh, source)
-                rejected = (
-                    [rejected_check_result(wh, source)] if rejected_check_specs(source) else []
-                )
-                # The sensor's decision about this source, in its run tag
-                # (pipeline/polling/poll_schedule.py).
-                polled = record_from_tags(wh, context.run.tags, [source.name])
-        except Exception:
-            # The run fails with the sync's own error (its API down...). Left unanswered, the
-            # checks would show as failed beside it, a storm alarm for what is no storm: they
-            # are answered from what is stored, and the error goes on.
-            yield _storm_check_after_failure(warehouse, source)
-            yield from _paused(context, source)
-            yield from _rejected_after_failure(warehouse, source)
-            raise
-        # Only once the rows are committed: a failed sync leaves its deliveries pending.
-        run_id = context.run.run_id
-        consumed = (
-            _inbox(context, lambda: inbox.consume(source.name, covered, by=run_id)) if inbox else 0
-        )
-        if stats.drift:
-            context.log.warning(
-                f"{source.name}: new payload fields {sorted(stats.drift)} "
-                f"(schema: {source.schema_mode}): {_drift(stats)}"
-            )
-        if stats.storm_held:
-            context.log.warning(
-                f"{source.name}: change storm: {stats.changed} changes in one sync; they are "
-                f"held from evaluation until `changewatch release {source.name}`"
-            )
-        if stats.rows_duplicate:
-            context.log.warning(f"{source.name}: {_duplicates(stats, source)}")
-        if stats.rejected:
-            context.log.warning(
-                f"{source.name}: {stats.rejected} record(s) rejected and left out "
-                "(on_bad_record: skip): see table rejected_records; the next sync retries them"
-            )
-        context.log.info(
-            f"{source.name}: {stats.inserted} inserted, {stats.updated} updated, "
-            f"{stats.deleted} deleted, {stats.unchanged} unchanged in {stats.duration_s}s"
-        )
-        yield dg.MaterializeResult(
-            metadata={
-                "rows_fetched": stats.rows_fetched,
-                "rows_duplicate": stats.rows_duplicate,
-                "rejected": stats.rejected,
-                "inserted": stats.inserted,
-                "updated": stats.updated,
-                "deleted": stats.deleted,
-                "unchanged": stats.unchanged,
-                "changed": stats.changed,
-                "row_count": stats.row_count,
-                "pages": stats.pages,
-                "http_requests": stats.requests,
-                "duration_s": dg.MetadataValue.float(stats.duration_s),
-                "cursor": stats.cursor_after or "",
-                "sync_id": stats.sync_id,
-                "columns_added": ", ".join(stats.columns_added),
-                "warehouse": warehouse.describe(),
-                "silent": stats.silent,
-                "storm_held": stats.storm_held,
-                "not_modified": stats.not_modified,
-                "schema_drift": _drift(stats),
-                **({"webhook_deliveries": consumed} if inbox else {}),
-                **{f"poll_{k}": v for r in polled for k, v in _poll_metadata(r).items()},
-            },
-            check_results=[_storm_check(held), *_paused(context, source), *rejected],
-        )
+        yield from sync_events(source, context, warehouse)
 
     return _sync
+
+
+def sync_events(source: SourceConfig, context, warehouse: WarehouseResource) -> Iterator:
+    """What a sync of ``source`` reports, in order: an observation and check results when it
+    skipped (another sync of the source was running), else its MaterializeResult (with its
+    checks); on failure the check results, then the error is raised.
+
+    The body of the sync asset, and of each sync in a batched run's one step
+    (pipeline/assets/batched_syncs.py). ``context`` is the asset's or the batch op's: only its
+    run, log and instance are used.
+    """
+    inbox = open_inbox() if source.webhook is not None else None
+    # The webhook deliveries stored before this sync fetches are covered by it.
+    covered = _inbox(context, lambda: inbox.watermark(source.name)) if inbox else 0
+    try:
+        with warehouse.connect() as wh:
+            try:
+                stats = run_sync(
+                    wh,
+                    build_source(source),
+                    dagster_run_id=context.run.run_id,
+                    silent=context.run.tags.get(SILENT_TAG) == "true",
+                    full=context.run.tags.get(FULL_TAG) == "true",
+                )
+            except SyncSkipped as skipped:
+                context.log.info(f"{source.name}: {skipped}")
+                yield dg.AssetObservation(
+                    asset_key=source.table, metadata={"skipped": str(skipped)}
+                )
+                # The check is the other sync's to evaluate: this one says so, and passes.
+                yield dg.AssetCheckResult(
+                    check_name=STORM_CHECK, passed=True, description=str(skipped)
+                )
+                yield from _paused(context, source)
+                yield from _rejected_passes(source, str(skipped))
+                return
+            held = held_changes(wh, source)
+            rejected = [rejected_check_result(wh, source)] if rejected_check_specs(source) else []
+            # The sensor's decision about this source, in its run tag
+            # (pipeline/polling/poll_schedule.py).
+            polled = record_from_tags(wh, context.run.tags, [source.name])
+    except Exception:
+        # The run fails with the sync's own error (its API down...). Left unanswered, the
+        # checks would show as failed beside it, a storm alarm for what is no storm: they
+        # are answered from what is stored, and the error goes on.
+        yield _storm_check_after_failure(warehouse, source)
+        yield from _paused(context, source)
+        yield from _rejected_after_failure(warehouse, source)
+        raise
+    # Only once the rows are committed: a failed sync leaves its deliveries pending.
+    run_id = context.run.run_id
+    consumed = (
+        _inbox(context, lambda: inbox.consume(source.name, covered, by=run_id)) if inbox else 0
+    )
+    if stats.drift:
+        context.log.warning(
+            f"{source.name}: new payload fields {sorted(stats.drift)} "
+            f"(schema: {source.schema_mode}): {_drift(stats)}"
+        )
+    if stats.storm_held:
+        context.log.warning(
+            f"{source.name}: change storm: {stats.changed} changes in one sync; they are "
+            f"held from evaluation until `changewatch release {source.name}`"
+        )
+    if stats.rows_duplicate:
+        context.log.warning(f"{source.name}: {_duplicates(stats, source)}")
+    if stats.rejected:
+        context.log.warning(
+            f"{source.name}: {stats.rejected} record(s) rejected and left out "
+            "(on_bad_record: skip): see table rejected_records; the next sync retries them"
+        )
+    # No info line of the counts: they are the materialization's metadata, shown beside it
+    # in the run's log, and a line of their own was one more event-log write per changed
+    # source (issue 31, point 5; bench/bench_batch_cost.py). Warnings above still go there.
+    yield dg.MaterializeResult(
+        metadata={
+            "rows_fetched": stats.rows_fetched,
+            "rows_duplicate": stats.rows_duplicate,
+            "rejected": stats.rejected,
+            "inserted": stats.inserted,
+            "updated": stats.updated,
+            "deleted": stats.deleted,
+            "unchanged": stats.unchanged,
+            "changed": stats.changed,
+            "row_count": stats.row_count,
+            "pages": stats.pages,
+            "http_requests": stats.requests,
+            "duration_s": dg.MetadataValue.float(stats.duration_s),
+            "cursor": stats.cursor_after or "",
+            "sync_id": stats.sync_id,
+            "columns_added": ", ".join(stats.columns_added),
+            "warehouse": warehouse.describe(),
+            "silent": stats.silent,
+            "storm_held": stats.storm_held,
+            "not_modified": stats.not_modified,
+            "schema_drift": _drift(stats),
+            **({"webhook_deliveries": consumed} if inbox else {}),
+            **{f"poll_{k}": v for r in polled for k, v in _poll_metadata(r).items()},
+        },
+        check_results=[_storm_check(held), *_paused(context, source), *rejected],
+    )
 
 
 def _rejected_passes(source: SourceConfig, why: str) -> list[dg.AssetCheckResult]:

@@ -89,63 +89,74 @@ def evaluation_asset(
     def _evaluate(
         context: AssetExecutionContext, warehouse: WarehouseResource, judges: JudgeResource
     ) -> dg.MaterializeResult:
-        stopped = _stopped(context, watch)
-        if stopped is not None:
-            return _paused(context, watch, stopped)
-        try:
-            judge = judges.judge_for(watch)
-            with warehouse.connect() as wh:
-                stats = evaluate_watch(wh, watch, sources, filters, judge=judge)
-        except Exception as error:  # noqa: BLE001 - one watch's failure is its own (see below)
-            return _failed(context, watch, error)
-        if stats.held:
-            context.log.warning(
-                f"{watch.name}: {stats.held} change(s) held: the judge was unavailable "
-                f"({watch.judge.on_unavailable if watch.judge else ''} policy) or the per-run "
-                "call cap or the daily budget was reached; they are evaluated again next run"
-            )
-        for note in stats.notes:
-            context.log.warning(f"{watch.name}: {note}")
-        context.log.info(
-            f"{watch.name}: read {stats.changes_read}, passed filter {stats.passed_filter}, "
-            f"judged {stats.judged} (cache hits {stats.judge_cache_hits}), notified "
-            f"{stats.notified}, duplicates {stats.suppressed_duplicates}, held {stats.held}"
-        )
-        return dg.MaterializeResult(
-            metadata={
-                "changes_read": stats.changes_read,
-                "passed_filter": stats.passed_filter,
-                "judged": stats.judged,
-                "judge_cache_hits": stats.judge_cache_hits,
-                "judge_errors": stats.judge_errors,
-                "filter_errors": stats.filter_errors,
-                "notified": stats.notified,
-                "suppressed_duplicates": stats.suppressed_duplicates,
-                "held": stats.held,
-                "dropped": stats.dropped,
-                **(
-                    {"daily_budget": stats.daily_budget, "held_for_budget": stats.held_for_budget}
-                    if stats.daily_budget is not None
-                    else {}
-                ),
-                "judge_calls": stats.judge_calls,
-                "judge_requests": stats.judge_requests,
-                "prompt_tokens": stats.prompt_tokens,
-                "completion_tokens": stats.completion_tokens,
-                **(
-                    {"judge_cost_usd": dg.MetadataValue.float(stats.judge_cost_usd)}
-                    if stats.judge_cost_usd is not None
-                    else {}
-                ),
-                "duration_s": dg.MetadataValue.float(stats.duration_s),
-                "judge_unavailable": stats.judge_unavailable,
-            },
-            check_results=[_evaluated_check(), _held_check(stats)]
-            + ([_judge_check(stats)] if watch.judge else [])
-            + _going_on(watch),
-        )
+        return evaluation_result(watch, sources, filters, context, warehouse, judges)
 
     return _evaluate
+
+
+def evaluation_result(
+    watch: Watch,
+    sources: dict,
+    filters: dict,
+    context,
+    warehouse: WarehouseResource,
+    judges: JudgeResource,
+) -> dg.MaterializeResult:
+    """What an evaluation of ``watch`` reports: its counts and checks (a failed evaluation is
+    recorded, not raised). The body of the evaluation asset, and of each evaluation in a
+    batched run's one step (pipeline/assets/batched_syncs.py)."""
+    stopped = _stopped(context, watch)
+    if stopped is not None:
+        return _paused(context, watch, stopped)
+    try:
+        judge = judges.judge_for(watch)
+        with warehouse.connect() as wh:
+            stats = evaluate_watch(wh, watch, sources, filters, judge=judge)
+    except Exception as error:  # noqa: BLE001 - one watch's failure is its own (see below)
+        return _failed(context, watch, error)
+    if stats.held:
+        context.log.warning(
+            f"{watch.name}: {stats.held} change(s) held: the judge was unavailable "
+            f"({watch.judge.on_unavailable if watch.judge else ''} policy) or the per-run "
+            "call cap or the daily budget was reached; they are evaluated again next run"
+        )
+    for note in stats.notes:
+        context.log.warning(f"{watch.name}: {note}")
+    # The counts are the materialization's metadata, not an info line: one event-log write
+    # less per evaluation (issue 31, point 5).
+    return dg.MaterializeResult(
+        metadata={
+            "changes_read": stats.changes_read,
+            "passed_filter": stats.passed_filter,
+            "judged": stats.judged,
+            "judge_cache_hits": stats.judge_cache_hits,
+            "judge_errors": stats.judge_errors,
+            "filter_errors": stats.filter_errors,
+            "notified": stats.notified,
+            "suppressed_duplicates": stats.suppressed_duplicates,
+            "held": stats.held,
+            "dropped": stats.dropped,
+            **(
+                {"daily_budget": stats.daily_budget, "held_for_budget": stats.held_for_budget}
+                if stats.daily_budget is not None
+                else {}
+            ),
+            "judge_calls": stats.judge_calls,
+            "judge_requests": stats.judge_requests,
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": stats.completion_tokens,
+            **(
+                {"judge_cost_usd": dg.MetadataValue.float(stats.judge_cost_usd)}
+                if stats.judge_cost_usd is not None
+                else {}
+            ),
+            "duration_s": dg.MetadataValue.float(stats.duration_s),
+            "judge_unavailable": stats.judge_unavailable,
+        },
+        check_results=[_evaluated_check(), _held_check(stats)]
+        + ([_judge_check(stats)] if watch.judge else [])
+        + _going_on(watch),
+    )
 
 
 def _stopped(context: AssetExecutionContext, watch: Watch) -> str | None:
@@ -322,10 +333,7 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
     Debounced notifications whose window has ended are settled first (released or
     suppressed), so the pass that releases one also sends it.
     """
-    from changewatch.channels.circuit import load_circuits
-    from changewatch.channels.outbox import DeliveryPolicy, deliver_due
-    from changewatch.evaluators.debounce import settle_debounced
-    from changewatch.pipeline.assets.channel_checks import channels_check, channels_check_spec
+    from changewatch.pipeline.assets.channel_checks import channels_check_spec
 
     sources = {s.name: s for s in config.sources}
 
@@ -350,29 +358,43 @@ def notifications_asset(config: ChangewatchConfig, *, warehouse_url: str) -> dg.
     def _deliver(
         context: AssetExecutionContext, warehouse: WarehouseResource
     ) -> dg.MaterializeResult:
-        with warehouse.connect() as wh:
-            settled = settle_debounced(wh, config.watches, sources)
-            stats = deliver_due(
-                wh,
-                config.channels,
-                policy=DeliveryPolicy.from_config(config.delivery),
-                feedback=config.feedback,
-            )
-            circuits = load_circuits(wh)
-            # What was delivered may reach a stop.after_notifications
-            # (pipeline/polling/source_pauses.py).
-            stops = apply_notification_stops(wh, context.instance, config, now=time.time())
-        for line in settled.log + stats.log:
-            context.log.info(line)
-        for line in stops:
-            context.log.warning(line)
-        paused = {"paused": ", ".join(stops)} if stops else {}
-        check = channels_check([c.name for c in config.channels], circuits)
-        return dg.MaterializeResult(
-            metadata=stats.metadata() | settled.metadata() | paused, check_results=[check]
-        )
+        return delivery_result(config, sources, context, warehouse)
 
     return _deliver
+
+
+def delivery_result(
+    config: ChangewatchConfig, sources: dict, context, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    """What a delivery pass reports: settles debounced notifications, sends what is due, and
+    applies notification stops. The body of the notifications asset, and the last part of a
+    batched run's one step (pipeline/assets/batched_syncs.py)."""
+    from changewatch.channels.circuit import load_circuits
+    from changewatch.channels.outbox import DeliveryPolicy, deliver_due
+    from changewatch.evaluators.debounce import settle_debounced
+    from changewatch.pipeline.assets.channel_checks import channels_check
+
+    with warehouse.connect() as wh:
+        settled = settle_debounced(wh, config.watches, sources)
+        stats = deliver_due(
+            wh,
+            config.channels,
+            policy=DeliveryPolicy.from_config(config.delivery),
+            feedback=config.feedback,
+        )
+        circuits = load_circuits(wh)
+        # What was delivered may reach a stop.after_notifications
+        # (pipeline/polling/source_pauses.py).
+        stops = apply_notification_stops(wh, context.instance, config, now=time.time())
+    for line in settled.log + stats.log:
+        context.log.info(line)
+    for line in stops:
+        context.log.warning(line)
+    paused = {"paused": ", ".join(stops)} if stops else {}
+    check = channels_check([c.name for c in config.channels], circuits)
+    return dg.MaterializeResult(
+        metadata=stats.metadata() | settled.metadata() | paused, check_results=[check]
+    )
 
 
 def digest_partitions(digest: DigestConfig) -> dg.DailyPartitionsDefinition:

@@ -6,6 +6,7 @@ import os
 from datetime import timedelta
 
 import dagster as dg
+from changewatch.pipeline.assets.batched_syncs import batched_sync_job
 from changewatch.pipeline.assets.learned_assets import learned_assets
 from changewatch.pipeline.assets.retention_assets import (
     retention_asset,
@@ -121,7 +122,18 @@ def build_definitions(
         assets.append(poll_schedule_asset(warehouse_url=url))
 
     tick = config.polling.tick
+    resources = {"warehouse": warehouse_resource(environ), "judges": JudgeResource()}
     recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
+    # Several sources due at one tick: one run of one step (pipeline/assets/batched_syncs.py).
+    batch_job = (
+        batched_sync_job(
+            config, warehouse_url=url, threads=_threads(url, environ), resources=resources
+        )
+        if interval_sources
+        else None
+    )
+    if batch_job is not None:
+        recorded["batch_job"] = batch_job
     sensors = [sync_sensor(live, sync_job, keys, tick=tick, **recorded)] if live else []
     sensors += [demo_sensor(demo, sync_job, keys, tick=tick, **recorded)] if demo else []
     fleet_only = [j for s in fleets for j in fleet_jobs(s)]
@@ -162,6 +174,7 @@ def build_definitions(
     return dg.Definitions(
         assets=assets,
         jobs=list({job.name: job for job in jobs.values()}.values())
+        + ([batch_job] if batch_job is not None else [])
         + fleet_only
         + ([schedule_job] if schedule_job is not None else [])
         + digest_jobs
@@ -169,7 +182,7 @@ def build_definitions(
         + maintenance_jobs,
         sensors=sensors,
         schedules=schedules,
-        resources={"warehouse": warehouse_resource(environ), "judges": JudgeResource()},
+        resources=resources,
         executor=dg.in_process_executor,
     )
 
@@ -230,6 +243,11 @@ def _sync_executor(url: str, environ: dict[str, str]) -> dg.ExecutorDefinition:
     if warehouse_pool(url, "batch") == WAREHOUSE_POOL:
         return dg.in_process_executor
     return threaded_executor.configured({"max_concurrent": threads_from_env(environ)})
+
+
+def _threads(url: str, environ: dict[str, str]) -> int:
+    """Syncs at once in a batched run's step: one on DuckDB, else CHANGEWATCH_SYNC_CONCURRENCY."""
+    return 1 if warehouse_pool(url, "batch") == WAREHOUSE_POOL else threads_from_env(environ)
 
 
 def _digest_schedule(digest, job: dg.UnresolvedAssetJobDefinition) -> dg.ScheduleDefinition:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
+from changewatch.pipeline.assets.batched_syncs import batch_run_config
 from changewatch.pipeline.assets.sync_assets import FULL_TAG, SOURCE_TAG
 from changewatch.pipeline.polling.adaptive_envelope import spoken
 from changewatch.pipeline.polling.poll_schedule import (
@@ -98,6 +99,7 @@ def sync_sensor(
     clients: ProbeClients | None = None,
     batch: bool = True,
     schedule_job: dg.UnresolvedAssetJobDefinition | None = None,
+    batch_job: dg.JobDefinition | None = None,
     tick: float = DEFAULT_TICK,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
@@ -127,6 +129,7 @@ def sync_sensor(
     adaptive = {s.name for s in sources if s.min_interval is not None}
     tables = {s.name: s.table for s in sources}
     extra = [schedule_job] if schedule_job is not None else []
+    extra += [batch_job] if batch_job is not None else []
 
     @dg.sensor(
         name=name,
@@ -171,7 +174,7 @@ def sync_sensor(
                 )
             )
         if batch and len(requests) > 1:
-            requests = [_batched(job.name, requests, selections)]
+            requests = [_batched(batch_job, job.name, requests, selections)]
         changed = [*decision.pauses, *decision.resumed]
         if schedule_job is not None and changed:
             requests.append(schedule_run(schedule_tag(decision.schedules, changed, now)))
@@ -198,16 +201,28 @@ def _log_changes(
 
 
 def _batched(
-    job_name: str, requests: list[dg.RunRequest], selections: Mapping[str, list[dg.AssetKey]]
+    batch_job: dg.JobDefinition | None,
+    job_name: str,
+    requests: list[dg.RunRequest],
+    selections: Mapping[str, list[dg.AssetKey]],
 ) -> dg.RunRequest:
-    """One run of ``job_name`` doing the syncs of ``requests`` (their sources' assets)."""
+    """One run doing the syncs of ``requests``: of ``batch_job`` (one step,
+    pipeline/assets/batched_syncs.py) naming their sources, or without one of ``job_name``
+    selecting their sources' assets."""
     names = sorted(r.tags[SOURCE_TAG] for r in requests)
     keys = "\n".join(sorted(r.run_key or "" for r in requests))
+    target = (
+        {"job_name": batch_job.name, "run_config": batch_run_config(names)}
+        if batch_job is not None
+        else {
+            "job_name": job_name,
+            "asset_selection": list(dict.fromkeys(k for n in names for k in selections[n])),
+        }
+    )
     return dg.RunRequest(
         # From the syncs' own keys: the same tick evaluated again asks the same run.
         run_key=f"batch:{hashlib.sha256(keys.encode()).hexdigest()[:16]}",
-        job_name=job_name,
-        asset_selection=list(dict.fromkeys(k for n in names for k in selections[n])),
+        **target,
         tags={
             TRIGGER_TAG: "batch",
             BATCH_TAG: str(len(names)),

@@ -4,6 +4,8 @@ after its window, and digests and `explain` tell the two apart."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta
@@ -266,8 +268,17 @@ def test_a_warehouse_of_an_older_release_gets_the_columns_and_the_new_view(
             for column in ("due_at", "settled_at", "suppressed"):
                 wh.execute(f"ALTER TABLE outbox DROP COLUMN {column}")
             wh.execute("CREATE VIEW decisions AS SELECT e.watch, e.change_id FROM evaluations e")
-        with wh.transaction():
-            ensure_evaluation_tables(wh)
+    # The new release's process (this one remembers having created the tables on PostgreSQL:
+    # warehouse/schema.py keeps a memo of the DDL it committed).
+    upgrade = (
+        "import sys\n"
+        "from changewatch.warehouse import connect\n"
+        "from changewatch.warehouse.schema import ensure_evaluation_tables\n"
+        "with connect(sys.argv[1]) as wh, wh.transaction():\n"
+        "    ensure_evaluation_tables(wh)\n"
+    )
+    subprocess.run([sys.executable, "-c", upgrade, warehouse_url], check=True)
+    with connect(warehouse_url) as wh:
         columns = wh.fetch_frame("SELECT * FROM decisions").columns
         assert {"suppressed", "debounced_until", "notified_change_id", "delivery_status"} <= set(
             columns

@@ -3,10 +3,12 @@
 - ``db``: its own PostgreSQL (initdb + pg_ctl in a temporary folder, listening only on the
   host's address): Dagster's storage and the warehouse;
 - ``control``: Redis (the Celery broker and result backend), dagster-daemon and
-  dagster-webserver (which load the code location themselves);
+  dagster-webserver (which load the code location themselves), and with ``webhooks=True`` the
+  webhook receiver (``changewatch webhooks``, its inbox Dagster's PostgreSQL on ``db``);
 - ``worker1``, ``worker2``...: a Celery worker each, running the runs the daemon launches;
-- ``api``: the demo trackers the sources poll and the webhook endpoint notifications go to
-  (this process's threads, their sockets made inside the host).
+- ``api``: the demo trackers the sources poll, the webhook endpoint notifications go to and,
+  with ``email=True``, an SMTP server (aiosmtpd) for a watch of the first source (this
+  process's threads, their sockets made inside the host).
 
 Every host has a DAGSTER_HOME of its own (no shared disk but the code and the watches file,
 which a deployment ships with its image).
@@ -14,10 +16,15 @@ which a deployment ships with its image).
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import email
 import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,14 +38,18 @@ from pathlib import Path
 
 import psycopg2
 import yaml
+from aiosmtpd.controller import Controller
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
+from cpu_quota import CpuQuota
 from cw_testing import REPO, demo_source_settings
 from netns import Host, Network
 from patience import wait_working
 
 __all__ = [
+    "HOOK_SECRET_ENV",
     "PARENT",
     "Deployment",
+    "MailSink",
     "WebhookSink",
     "changes",
     "delivered",
@@ -48,6 +59,9 @@ __all__ = [
 ]
 
 PARENT = "dagster/parent_run_id"  # a retry's tag: the run it retries
+# The variable holding the sources' Standard Webhooks secret: only the receiver's host has it.
+HOOK_SECRET_ENV = "CW_HOSTS_HOOK_SECRET"
+RECEIVER_PORT = 8088
 
 BIN = Path(sys.executable).parent
 PG_BIN = Path(
@@ -94,6 +108,60 @@ class WebhookSink:
         self.server.server_close()
 
 
+class _Controller(Controller):
+    """aiosmtpd's Controller on a free port (port=0), which it cannot find out by itself."""
+
+    def _trigger_server(self) -> None:
+        self.port = self.server.sockets[0].getsockname()[1]
+        super()._trigger_server()
+
+
+class MailSink:
+    """An SMTP server on ``host``: the notification ids of the messages it accepted.
+
+    ``hold()`` arms it: the next message's DATA is received and then not answered until
+    ``release()``, when it is refused (451) and not kept: a send cut short before the server
+    accepted the message, which is what a worker host lost mid-send leaves. ``held`` is set
+    then, with the sender's address in ``held_peer`` and the message's notification id in
+    ``held_id``."""
+
+    def __init__(self, host: Host):
+        self.accepted: list[str] = []  # X-Changewatch-Notification-Id of each message
+        self.armed = False
+        self.held = threading.Event()
+        self.released = threading.Event()
+        self.held_peer = self.held_id = ""
+        with host.entered():  # the server's thread starts here, in the host's namespace
+            self.controller = _Controller(self, hostname=host.address, port=0)
+            self.controller.start()
+        self.host, self.port = host.address, self.controller.port
+
+    def hold(self) -> None:
+        self.held.clear()
+        self.released.clear()
+        self.armed = True
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def handle_DATA(self, server, session, envelope) -> str:  # noqa: N802
+        message = email.message_from_bytes(envelope.original_content or envelope.content)
+        notification = str(message["X-Changewatch-Notification-Id"])
+        if self.armed:
+            self.armed = False
+            self.held_peer, self.held_id = session.peer[0], notification
+            self.held.set()
+            while not self.released.is_set():
+                await asyncio.sleep(0.05)
+            return "451 4.3.0 not accepted"
+        self.accepted.append(notification)
+        return "250 OK"
+
+    def close(self) -> None:
+        self.release()
+        self.controller.stop()
+
+
 class Deployment:
     """The hosts, their services, and handles to look at them from the ``control`` host."""
 
@@ -105,9 +173,27 @@ class Deployment:
         concurrency: int = 1,
         interval: float = 10,
         pin: bool = False,
+        webhooks: bool = False,
+        webserver: bool = True,
+        cpu_quota: float | None = None,
+        email: bool = False,
+        jitter: float = 0,
     ):
         # pin: each worker host on a core of its own (worker1 on CPU 0, worker2 on CPU 1...).
+        # webhooks: every source takes Standard Webhooks at /hooks/<source> on the receiver
+        # (started by start_receiver), polled only to reconcile, once an hour.
         self.interval, self.pin = interval, pin
+        self.webhooks, self.webserver = webhooks, webserver
+        # email: the first source's changes also go by e-mail (watch "mail_tracker_0").
+        self.email = email
+        # jitter: each source's slots shifted by up to this (its stable offset), so sources
+        # come due at different ticks and make several runs, not one batch a interval.
+        self.jitter = jitter
+        # cpu_quota: each worker host in a cgroup of its own, at most this many cores' time
+        # (tests/hosts/cpu_quota.py), so the workers are the bottleneck at a known size.
+        self.cpu_quota = cpu_quota
+        self.quotas: dict[str, CpuQuota] = {}
+        self.hook_secret = "whsec_" + base64.b64encode(os.urandom(24)).decode()
         self.concurrency = concurrency
         self.stack = ExitStack()
         self.root = Path(tempfile.mkdtemp(prefix="cw-hosts-"))
@@ -135,6 +221,9 @@ class Deployment:
                     self.stack.callback(server.stop)
             self.sink = WebhookSink(self.api)
             self.stack.callback(self.sink.close)
+            if self.email:
+                self.mail = MailSink(self.api)
+                self.stack.callback(self.mail.close)
             self.config = self.write_watches()
             self.start_control()
             for i, worker in enumerate(self.workers):
@@ -149,6 +238,8 @@ class Deployment:
         self.stack.close()  # kills every process of every host, removes the namespaces
         for proc in self.procs.values():
             proc.wait(timeout=30)  # killed above: reaped here
+        for quota in self.quotas.values():
+            quota.close()  # empty now
         shutil.rmtree(self.root, ignore_errors=True)
 
     @property
@@ -228,11 +319,19 @@ class Deployment:
                 table=name,
                 sync="snapshot",
                 interval=self.interval,
-                jitter=0,
+                jitter=self.jitter,
                 probe=False,
             )
             for name, server in self.trackers.items()
         ]
+        if self.webhooks:
+            for source in sources:
+                source["webhook"] = {
+                    "path": f"/hooks/{source['name']}",
+                    "secret_env": HOOK_SECRET_ENV,
+                    "provider": "standard",
+                    "reconcile": "1h",
+                }
         watches = [
             {
                 "name": f"every_change_{name}",
@@ -244,13 +343,38 @@ class Deployment:
             }
             for name in self.trackers
         ]
+        channels: list[dict] = [{"name": "hook", "type": "webhook", "url": self.sink.url}]
+        if self.email:
+            channels.append(
+                {
+                    "name": "mail",
+                    "type": "email",
+                    "host": self.mail.host,
+                    "port": self.mail.port,
+                    "security": "none",  # a relay on the private network, as the test's is
+                    "timeout": 10,  # at most half the delivery lease, as the file checks
+                    "from": "changewatch@example.org",
+                    "to": ["ops@example.org"],
+                }
+            )
+            first = next(iter(self.trackers))
+            watches.append(
+                {
+                    "name": f"mail_{first}",
+                    "source": first,
+                    "where": "kind = 'update'",
+                    "channels": ["mail"],
+                    "title": "Updated #{{ key }}",
+                }
+            )
         config = {
             "version": 1,
             "polling": {"tick": 5},
-            # A send cut short by a lost host is retried after this (webhooks: same webhook-id).
+            # A send cut short by a lost host is settled after this: sent again under the
+            # same webhook-id for webhooks, parked (never sent again) for e-mail.
             "delivery": {"lease": 20},
             "sources": sources,
-            "channels": [{"name": "hook", "type": "webhook", "url": self.sink.url}],
+            "channels": channels,
             "watches": watches,
         }
         path = self.root / "watches.yaml"
@@ -293,16 +417,29 @@ class Deployment:
             "CHANGEWATCH_CELERY_BACKEND": f"{broker}/1",
         }
 
-    def spawn(self, host: Host, name: str, argv: list[str], cpu: int | None = None) -> None:
+    def spawn(
+        self,
+        host: Host,
+        name: str,
+        argv: list[str],
+        cpu: int | None = None,
+        extra_env: dict[str, str] | None = None,
+        quota: CpuQuota | None = None,
+    ) -> None:
         if cpu is not None:
             argv = ["taskset", "-c", str(cpu), *argv]
-        env = self.env(host)
+        command = host.command(argv)
+        if quota is not None:
+            # Joined outside `ip netns exec`, which mounts a sysfs of its own without the
+            # cgroup trees; the group is kept through its exec and by every child.
+            command = quota.wrap(command)
+        env = self.env(host) | (extra_env or {})
         out = (self.logs / f"{name}.log").open("a")
         self.stack.callback(out.close)
         if name in self.procs:
             self.procs[name].wait(timeout=30)  # a restart: the one before is gone
-        self.procs[name] = host.popen(
-            argv, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
+        self.procs[name] = subprocess.Popen(
+            command, env=env, cwd=env["DAGSTER_HOME"], stdout=out, stderr=subprocess.STDOUT
         )
 
     def start_control(self) -> None:
@@ -342,32 +479,53 @@ class Deployment:
         )
         assert done.returncode == 0, done.stderr[-3000:]
         self.spawn(c, "daemon", [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"])
+        if self.webserver:
+            self.spawn(
+                c,
+                "webserver",
+                [
+                    str(BIN / "dagster-webserver"),
+                    *("-h", c.address, "-p", "3000", "-w", "workspace.yaml"),
+                ],
+            )
+
+    # -- the webhook receiver, on the control host ------------------------------------------
+    @property
+    def receiver_url(self) -> str:
+        return f"http://{self.control.address}:{RECEIVER_PORT}"
+
+    def start_receiver(self) -> None:
+        """``changewatch webhooks`` on the control host: no CHANGEWATCH_WEBHOOK_INBOX, so its
+        inbox is Dagster's PostgreSQL (DAGSTER_PG_URL), the one the daemon's sensor reads."""
+        argv = [str(BIN / "changewatch"), "webhooks", "--host", self.control.address]
         self.spawn(
-            c,
-            "webserver",
-            [str(BIN / "dagster-webserver"), "-h", c.address, "-p", "3000", "-w", "workspace.yaml"],
+            self.control,
+            "receiver",
+            [*argv, "--port", str(RECEIVER_PORT)],
+            extra_env={HOOK_SECRET_ENV: self.hook_secret},
         )
 
+    def receiver_listening(self) -> bool:
+        with self.control.entered(), socket.socket() as probe:
+            probe.settimeout(1)
+            return probe.connect_ex((self.control.address, RECEIVER_PORT)) == 0
+
+    def kill_receiver(self) -> None:
+        """SIGKILL the receiver (``ip netns exec`` execs it: the Popen's pid is its own)."""
+        proc = self.procs["receiver"]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
     def start_worker(self, host: Host, cpu: int | None = None, concurrency: int = 2) -> None:
-        self.spawn(
-            host,
-            host.name,
-            [
-                str(BIN / "celery"),
-                "-A",
-                "changewatch.pipeline.definitions.celery_worker",
-                "worker",
-                "-n",
-                f"{host.name}@%h",
-                "-Q",
-                "dagster",
-                "--concurrency",
-                str(concurrency),
-                "--loglevel",
-                "INFO",
-            ],
-            cpu=cpu,
-        )
+        app = "changewatch.pipeline.definitions.celery_worker"
+        argv = [str(BIN / "celery"), "-A", app, "worker", "-n", f"{host.name}@%h", "-Q", "dagster"]
+        argv += ["--concurrency", str(concurrency), "--loglevel", "INFO"]
+        quota = None
+        if self.cpu_quota is not None:
+            if host.name not in self.quotas:  # a restarted host keeps its group
+                self.quotas[host.name] = CpuQuota(f"cw-{host.name}", self.cpu_quota)
+            quota = self.quotas[host.name]
+        self.spawn(host, host.name, argv, cpu=cpu, quota=quota)
 
     # -- looking -------------------------------------------------------------------------------
     def all_pids(self) -> list[int]:
@@ -453,12 +611,15 @@ def changes(d: Deployment) -> Counter:
     return found
 
 
-def delivered(d: Deployment) -> bool:
-    """Whether there are deliveries and every one was sent."""
+def delivered(d: Deployment, channel: str = "hook") -> bool:
+    """Whether there are deliveries by ``channel`` and every one was sent."""
     [(exists,)] = d.query("SELECT to_regclass('cw.deliveries') IS NOT NULL")
     if not exists:
         return False
-    rows = d.query("SELECT status, count(*) FROM deliveries GROUP BY status")
+    rows = d.query(
+        "SELECT status, count(*) FROM deliveries WHERE channel = %s GROUP BY status",
+        args=(channel,),
+    )
     return bool(rows) and all(status == "sent" for status, _ in rows)
 
 

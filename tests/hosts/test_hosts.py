@@ -1,8 +1,9 @@
 """changewatch on several hosts: runs placed on worker hosts by Dagster (dagster-celery), a
-worker host lost mid-run, the db host's PostgreSQL restarted (tests/hosts/deployment.py).
+worker host lost mid-run, the db host's PostgreSQL restarted, a worker host lost mid-send of an
+e-mail (tests/hosts/deployment.py).
 
 Root only (network namespaces): `pytest -m hosts tests/hosts -n 0`, as .ci/run does. The tests
-share one deployment and run in order: the second kills a worker host for good.
+share one deployment and run in order: the second kills a worker host, the last starts it again.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import pytest
+from changewatch.channels.recovery import PARKED
 from deployment import (
     PARENT,
     Deployment,
@@ -36,7 +38,7 @@ CUT = re.compile(
 
 @pytest.fixture(scope="module")
 def deployment() -> Iterator[Deployment]:
-    with Deployment(workers=2, sources=4) as deployed:
+    with Deployment(workers=2, sources=4, email=True) as deployed:
         yield deployed
 
 
@@ -58,12 +60,13 @@ def mutate(d: Deployment, expected: Counter, **counts: int) -> None:
 
 def check_once_and_delivered(d: Deployment, expected: Counter) -> None:
     """Every expected change recorded once (a key changed twice: twice); every notification
-    posted, under one webhook-id."""
+    posted, under one webhook-id (the e-mail watch's are the last test's)."""
     found = changes(d)
     assert found == expected, (found - expected, expected - found)
-    [(outbox, keys)] = d.query("SELECT count(*), count(DISTINCT dedupe_key) FROM outbox")
+    hooked = "SELECT {} FROM outbox WHERE starts_with(watch, 'every_change_')"
+    [(outbox, keys)] = d.query(hooked.format("count(*), count(DISTINCT dedupe_key)"))
     assert outbox == keys == found.total()
-    ids = {row[0] for row in d.query("SELECT notification_id FROM outbox")}
+    ids = {row[0] for row in d.query(hooked.format("notification_id"))}
     with d.sink.lock:
         posts = list(d.sink.posts)
     by_id: dict[str, set[str]] = {}
@@ -211,3 +214,40 @@ def test_the_db_host_restarted_fails_runs_in_one_line_and_the_next_succeed(deplo
         progress=lambda: len(changes(d)),
     )
     check_once_and_delivered(d, expected)
+
+
+def test_an_email_cut_short_by_a_lost_worker_host_is_never_sent_twice(deployment):
+    """E-mail's guarantee across hosts: at most once per dedupe key. A send cut short by a lost
+    host is never repeated; if the server had not accepted it, it is lost, and the outbox says
+    so (the delivery parked as dead, naming why), for a person to look at."""
+    d = deployment
+    mail_source = next(iter(d.trackers))
+    if d.procs[d.workers[0].name].poll() is not None:  # lost for good in the second test
+        d.start_worker(d.workers[0], concurrency=1)
+    unsettled = "SELECT 1 FROM deliveries WHERE channel = 'mail' AND status NOT IN ('sent', 'dead')"
+    d.wait(lambda: not d.query(unsettled), "the e-mails so far")
+    d.mail.hold()
+    updated = d.trackers[mail_source].tracker.mutate(update=3)["updated"]
+    d.wait(d.mail.held.is_set, "an e-mail mid-send")
+    [host] = [w for w in d.workers if w.address == d.mail.held_peer]
+    assert host.kill_all() > 0
+    d.mail.release()  # the server refuses it now: the sender is gone, it was never accepted
+
+    def settled() -> bool:
+        rows = d.query(
+            "SELECT count(*) FROM outbox o JOIN deliveries USING (notification_id)"
+            " WHERE o.watch = %s AND o.object_key = ANY(%s) AND status IN ('sent', 'dead')",
+            args=(f"mail_{mail_source}", [str(n) for n in updated]),
+        )
+        return rows == [(len(updated),)] and not d.query(unsettled)
+
+    d.wait(settled, "every e-mail sent or parked", progress=lambda: len(d.mail.accepted))
+    rows = d.query(
+        "SELECT notification_id, status, last_error FROM deliveries WHERE channel = 'mail'"
+    )
+    accepted = Counter(d.mail.accepted)
+    assert max(accepted.values()) == 1  # at most once each
+    [(cut, error)] = [(n, e) for n, status, e in rows if status == "dead"]
+    assert cut == d.mail.held_id and accepted[cut] == 0  # lost, and said so:
+    assert error == PARKED
+    assert {n for n, status, _ in rows if status == "sent"} == set(accepted)

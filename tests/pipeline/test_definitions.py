@@ -16,6 +16,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.assets.batched_syncs import BATCH_JOB
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG, WAREHOUSE_POOL
 from changewatch.pipeline.assets.watch_assets import (
     NOTIFICATIONS_ASSET,
@@ -170,7 +171,7 @@ def test_sync_job_carries_changes_to_delivery_and_digest_job_sends_the_digest(de
     config = load_config(WATCHES)
     user_jobs = {j.name for j in defs.resolve_all_job_defs() if not j.name.startswith("__")}
     assert {sync_job_name(s) for s in config.sources} == {SYNC_JOB}
-    assert user_jobs == {SYNC_JOB, "digest_daily_job"}
+    assert user_jobs == {SYNC_JOB, BATCH_JOB, "digest_daily_job"}
     for source in config.sources:
         job = defs.resolve_job_def(sync_job_name(source))
         assert job.executor_def is dg.in_process_executor
@@ -199,7 +200,7 @@ def test_interval_sources_share_one_sensor_and_the_digest_has_its_schedule(tmp_p
     defs = build_definitions(config, environ={})
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
     assert sensor.name == "sync_due_sources"
-    assert [t.job_name for t in sensor.targets] == [SYNC_JOB]
+    assert [t.job_name for t in sensor.targets] == [SYNC_JOB, BATCH_JOB]
     assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
     repo = defs.get_repository_def()
     assert [s.name for s in repo.sensor_defs] == [SYNC_SENSOR]
@@ -242,11 +243,11 @@ def test_sources_on_the_demo_api_get_a_sensor_of_their_own_that_starts_stopped(t
     repo = defs.get_repository_def()
     assert sorted(s.name for s in repo.sensor_defs) == [DEMO_SENSOR, SYNC_SENSOR]
     demo = defs.resolve_sensor_def(DEMO_SENSOR)
-    assert [t.job_name for t in demo.targets] == [SYNC_JOB]
+    assert [t.job_name for t in demo.targets] == [SYNC_JOB, BATCH_JOB]
     assert demo.default_status == dg.DefaultSensorStatus.STOPPED
     assert "changewatch demo-api" in (demo.description or "")
     other = defs.resolve_sensor_def(SYNC_SENSOR)
-    assert [t.job_name for t in other.targets] == [SYNC_JOB]
+    assert [t.job_name for t in other.targets] == [SYNC_JOB, BATCH_JOB]
     assert other.default_status == dg.DefaultSensorStatus.RUNNING
 
 
@@ -277,7 +278,7 @@ def test_cron_source_gets_a_schedule_and_stays_out_of_the_sensor(tmp_path):
     assert request.tags[SOURCE_TAG] == "nightly_issues"
 
     sensor = defs.resolve_sensor_def(SYNC_SENSOR)
-    assert [t.job_name for t in sensor.targets] == [SYNC_JOB]
+    assert [t.job_name for t in sensor.targets] == [SYNC_JOB, BATCH_JOB]
     assert set(defs.resolve_all_asset_keys()) == keys(
         interval_source["table"],
         "nightly_issues",

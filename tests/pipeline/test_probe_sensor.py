@@ -18,6 +18,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
+from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, batch_run_config
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.pipeline.definitions.build_definitions import (
     SYNC_JOB,
@@ -289,23 +290,29 @@ def test_syncs_due_at_one_tick_run_together_on_both_backends(
     slot = due_slot(time.time(), INTERVAL)
     result = sensor.evaluate_tick(context)
     [request] = result.run_requests or []
-    assert request.job_name == SYNC_JOB
+    # One run of one step (pipeline/assets/batched_syncs.py), its config naming the sources.
+    assert request.job_name == BATCH_JOB
     assert request.tags[TRIGGER_TAG] == "batch" and request.tags[BATCH_TAG] == "3"
-    selected = sorted(k.to_user_string() for k in request.asset_selection or [])
-    assert selected == ["alpha", "beta", "down"]
+    assert request.run_config == batch_run_config(["alpha", "beta", "down"])
     assert request.run_key.startswith("batch:")
 
-    job = defs.resolve_job_def(SYNC_JOB)
+    job = defs.resolve_job_def(BATCH_JOB)
     done = job.execute_in_process(
-        instance=instance,
-        asset_selection=request.asset_selection,
-        tags=request.tags,
-        raise_on_error=False,
+        instance=instance, run_config=request.run_config, tags=request.tags, raise_on_error=False
     )
-    # The unreachable source's sync fails; the others in the same run are stored all the same.
+    # The unreachable source's sync fails; the others in the same run are stored all the same,
+    # and reported as materializations of their own assets; the failure names the source.
     assert not done.success
-    failed = {e.step_key for e in done.all_events if e.event_type_value == "STEP_FAILURE"}
-    assert failed == {"down"}
+    [failure] = [e for e in done.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.message
+    assert "1 of the batch failed: down: " in message and "cannot reach" in message
+    assert len(message.strip().splitlines()) == 1, message
+    materialized = [
+        e.asset_key.to_user_string()
+        for e in done.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
+    assert sorted(materialized) == ["alpha", "beta"]
     with connect(warehouse_url) as warehouse:
         for table in ("alpha", "beta"):
             assert warehouse.fetch(f"SELECT count(*) FROM {table}") == [(40,)]

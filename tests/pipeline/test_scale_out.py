@@ -34,6 +34,7 @@ import httpx
 import psycopg2
 import pytest
 import yaml
+from changewatch.pipeline.assets.batched_syncs import BATCH_JOB
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.sources.demo import DemoAPIServer, DemoTracker
 from changewatch.warehouse import connect
@@ -575,7 +576,7 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
             # The daemon's sensor finds both sources due at one tick and requests one batched
             # run (its first tick may come a sensor interval later); the run queue launches it
             # through the code server, and its two syncs, on threads of the run's process
-            # (a PostgreSQL warehouse), reach their commit together.
+            # of its one step (a PostgreSQL warehouse), reach their commit together.
             wait_working(
                 lambda: alive() or waiting() == len(trackers),
                 pids=pids,
@@ -592,7 +593,8 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
 
             wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the batch run")
             (run,) = instance.get_runs()
-            assert (run.job_name, run.status) == ("sync_sources", dg.DagsterRunStatus.SUCCESS), (
+            # The batch's one step (pipeline/assets/batched_syncs.py).
+            assert (run.job_name, run.status) == (BATCH_JOB, dg.DagsterRunStatus.SUCCESS), (
                 alive()
             )
             assert run.tags["changewatch/batch_size"] == str(len(trackers))

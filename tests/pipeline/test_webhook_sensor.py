@@ -276,3 +276,36 @@ def test_a_replaced_inbox_file_is_read_from_its_start(
     inbox.put("alpha", "d", provider="github", event="issues", body=b"{}")
     [request] = tick(defs, instance, first.cursor).run_requests
     assert request.tags[DELIVERIES_TAG] == "1" and request.run_key != first.run_requests[0].run_key
+
+
+def test_deliveries_join_a_queued_webhook_run_of_their_source(
+    setup, instance, demo_api: DemoAPIServer, warehouse_url: str
+) -> None:
+    defs, folder = setup["defs"], setup["folder"]
+    run(defs, instance, {SOURCE_TAG: "alpha"})  # the silent baseline
+    inbox = Inbox(folder / "inbox.sqlite")
+    [first_issue, second_issue] = demo_api.tracker.mutate(update=2)["updated"]
+    inbox.put("alpha", "d-1", provider="github", event="issues", body=b"{}")
+    first = tick(defs, instance)
+    [request] = first.run_requests
+    # That run is made and waits for a worker (the daemon's queue makes it QUEUED, which needs
+    # a code location's origin; bench/bench_hosts_webhooks.py sees that one on real hosts).
+    job = defs.resolve_job_def(SYNC_JOB)
+    queued = instance.create_run_for_job(
+        job, status=dg.DagsterRunStatus.NOT_STARTED, tags=request.tags
+    )
+    inbox.put("alpha", "d-2", provider="github", event="issues", body=b"{}")
+    joined = tick(defs, instance, first.cursor)
+    assert joined.run_requests == []  # no second run queued behind the first
+    assert joined.cursor == "2"
+
+    # The queued run begins: its sync covers both deliveries and both changes.
+    instance.delete_run(queued.run_id)
+    done = run(defs, instance, request.tags)
+    assert inbox_rows(folder) == [("d-1", done.run_id), ("d-2", done.run_id)]
+    assert {n["object_key"] for n in notified(folder)} == {str(first_issue), str(second_issue)}
+
+    # Once no run of the source waits, a new delivery gets its own run again.
+    inbox.put("alpha", "d-3", provider="github", event="issues", body=b"{}")
+    [again] = tick(defs, instance, joined.cursor).run_requests
+    assert again.tags[DELIVERIES_TAG] == "1"

@@ -1,0 +1,200 @@
+"""A batched run's one step: the syncs, evaluations and delivery of every source due at a tick.
+
+When several sources are due at one sensor tick, the sensor asks one run of the ``sync_batch``
+job (pipeline/triggers/sync_sensors.py), whose config names them. Its one step does what the
+asset steps of those sources would do (the same bodies: ``sync_events``, ``evaluation_result``,
+``delivery_result``) and reports each asset's materialization and check results against the
+same asset keys, so each asset's history, lineage and checks in the UI are as before.
+
+Why one step rather than the asset job's steps: in a batched run Dagster's bookkeeping cost
+about twice the work itself, per changed source (bench/bench_batch_cost.py): each asset and
+check of the selection wrote a planned event and a step output besides its materialization
+or evaluation, each asset a step start and success, and each step read its parents' records
+for data versions. Here a changed source writes its materialization and its checks' results,
+nothing else. A run of one source (a run per poll, a cron or sweep, the UI, the CLI) stays a
+run of the asset job.
+
+On PostgreSQL the syncs run up to ``CHANGEWATCH_SYNC_CONCURRENCY`` (4) at once on threads, then
+the evaluations likewise, as the asset job's threaded executor ran them; on DuckDB one after
+another, in the one-slot ``warehouse`` pool (a DuckDB file admits one writing process). A
+source whose sync fails or skips does not stop the others: its checks are reported, the
+watches over it wait for the next run (their changes stay unread), and the step fails at the
+end with one line per failed source, as the asset job's run failed with its failed steps.
+"""
+
+# No `from __future__ import annotations` here: Dagster reads the op function's annotations
+# at definition time to recognise the context, config and resource parameters.
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import dagster as dg
+from changewatch.pipeline.assets.sync_assets import sync_events
+from changewatch.pipeline.assets.watch_assets import (
+    NOTIFICATIONS_ASSET,
+    delivery_result,
+    evaluation_asset_name,
+    evaluation_result,
+)
+from changewatch.pipeline.project.expected_errors import redact
+from changewatch.pipeline.project.warehouse_resource import (
+    WAREHOUSE_POOL,
+    JudgeResource,
+    WarehouseResource,
+    warehouse_pool,
+)
+from changewatch.pipeline.project.watches_file import ChangewatchConfig
+
+__all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batched_sync_job"]
+
+BATCH_JOB = "sync_batch"
+BATCH_OP = "sync_evaluate_deliver"  # not the job's name: Dagster refuses an op named as its job
+
+
+def batch_run_config(sources: Iterable[str]) -> dict:
+    """The run config of a batched run of ``sources``."""
+    return {"ops": {BATCH_OP: {"config": {"sources": sorted(sources)}}}}
+
+
+class BatchConfig(dg.Config):
+    sources: list[str]
+
+
+def batched_sync_job(
+    config: ChangewatchConfig, *, warehouse_url: str, threads: int, resources: dict
+) -> dg.JobDefinition:
+    """The job of batched runs over the plain sources of ``config``, with the code location's
+    ``resources`` bound (a job Definitions had to bind them to makes Dagster copy the sensors
+    that target it, with a warning about a beta parameter on every load)."""
+    duckdb = warehouse_pool(warehouse_url, "batch") == WAREHOUSE_POOL
+    workers = 1 if duckdb else threads
+    watches_file = config  # the op's own parameter `config` is its run config
+    by_name = {s.name: s for s in config.sources}
+
+    @dg.op(
+        name=BATCH_OP,
+        out={},
+        # DuckDB: the one-slot pool every warehouse writer shares. PostgreSQL: no pool; the
+        # database's sync and evaluation locks keep runs that share a source correct.
+        pool=WAREHOUSE_POOL if duckdb else None,
+        description="Syncs the run's sources, evaluates their watches and delivers.",
+    )
+    def _batch(
+        context: dg.OpExecutionContext,
+        config: BatchConfig,
+        warehouse: WarehouseResource,
+        judges: JudgeResource,
+    ) -> Iterator:
+        unknown = sorted(set(config.sources) - set(by_name))
+        if unknown:
+            raise dg.Failure(f"not plain sources of the watches file: {', '.join(unknown)}")
+        failed: dict[str, str] = {}
+        synced: set[str] = set()
+        with ThreadPoolExecutor(workers, thread_name_prefix="changewatch-batch") as pool:
+
+            def sync(name: str) -> tuple[str, list, Exception | None]:
+                return name, *_collect(lambda: sync_events(by_name[name], context, warehouse))
+
+            for name, events, error in _each(pool, sync, config.sources):
+                table = by_name[name].table
+                yield from _report(context, table, events)
+                if error is not None:
+                    failed[name] = _first_line(error)
+                    context.log.error(f"{name}: the sync failed: {failed[name]}")
+                elif any(isinstance(e, dg.MaterializeResult) for e in events):
+                    synced.add(name)
+            # A watch runs when one of its sources is in the batch and none of those failed
+            # or skipped (as its asset step would have been skipped).
+            batch = set(config.sources)
+            watches = [
+                w
+                for w in watches_file.watches
+                if set(w.sources) & batch and not (set(w.sources) & batch) - synced
+            ]
+
+            def evaluate(watch) -> tuple[str, list, Exception | None]:
+                sources = {n: by_name[n] for n in watch.sources}
+                filters = watches_file.filters(watch)
+                return watch.name, *_collect(
+                    lambda: [evaluation_result(watch, sources, filters, context, warehouse, judges)]
+                )
+
+            by_watch = {w.name: w for w in watches}
+            for name, events, error in _each(pool, evaluate, watches):
+                yield from _report(context, evaluation_asset_name(by_watch[name]), events)
+                if error is not None:
+                    failed[f"watch {name}"] = _first_line(error)
+        if watches:
+            result = delivery_result(watches_file, by_name, context, warehouse)
+            yield from _report(context, NOTIFICATIONS_ASSET, [result])
+        if failed:
+            lines = [f"{name}: {why}" for name, why in sorted(failed.items())]
+            raise dg.Failure(
+                f"{len(failed)} of the batch failed: " + "; ".join(lines),
+                allow_retries=True,
+            )
+
+    @dg.job(
+        name=BATCH_JOB,
+        executor_def=dg.in_process_executor,
+        resource_defs=resources,
+        description=(
+            "Batched runs: the syncs of several sources due at one tick, their watches' "
+            "evaluations and delivery, in one step; each asset's materialization and checks "
+            "are reported as its own step would (pipeline/assets/batched_syncs.py)."
+        ),
+    )
+    def _job():
+        _batch()
+
+    return _job
+
+
+def _collect(produce: Callable[[], Iterable]) -> tuple[list, Exception | None]:
+    """Everything ``produce`` yields, and the exception it ended with, if any."""
+    events: list = []
+    try:
+        for event in produce():
+            events.append(event)
+    except Exception as error:  # noqa: BLE001 - one source's failure is its own (module doc)
+        return events, error
+    return events, None
+
+
+def _each(pool: ThreadPoolExecutor, work: Callable, items: Iterable) -> Iterator:
+    """``work`` of each item on ``pool``, results as they finish."""
+    futures = [pool.submit(work, item) for item in items]
+    for future in as_completed(futures):
+        yield future.result()
+
+
+def _report(context: dg.OpExecutionContext, asset: str, events: list) -> Iterator:
+    """An asset body's results as events of this step: a materialization (yielded) and check
+    evaluations (logged; Dagster writes them before the next yielded event)."""
+    key = dg.AssetKey(asset)
+    for event in events:
+        if isinstance(event, dg.MaterializeResult):
+            yield dg.AssetMaterialization(asset_key=key, metadata=event.metadata or {})
+            for check in event.check_results or []:
+                context.log_event(_evaluation(key, check))
+        elif isinstance(event, dg.AssetCheckResult):
+            context.log_event(_evaluation(key, event))
+        elif isinstance(event, dg.AssetObservation):
+            yield event
+
+
+def _evaluation(key: dg.AssetKey, check: dg.AssetCheckResult) -> dg.AssetCheckEvaluation:
+    return dg.AssetCheckEvaluation(
+        asset_key=check.asset_key or key,
+        check_name=check.check_name,
+        passed=check.passed,
+        metadata=check.metadata or {},
+        severity=check.severity,
+        description=check.description,
+    )
+
+
+def _first_line(error: Exception) -> str:
+    """The error's first line, any secret in it redacted."""
+    lines = str(error).strip().splitlines()
+    return redact(lines[0] if lines else type(error).__name__)
