@@ -20,9 +20,6 @@ from changewatch.warehouse.backends import ConnectionLost
 from changewatch.warehouse.sync import run_sync
 from cw_testing import PG_URL
 
-# Subprocesses importing Dagster: tens of seconds.
-pytestmark = pytest.mark.heavy
-
 RECORDS = [{"id": i, "title": f"item {i}"} for i in range(5)]
 # Bounds a broken test waits for, never a guess at how long the work takes: each is hit
 # only when something hangs.
