@@ -20,9 +20,6 @@ from changewatch.warehouse.backends import ConnectionLost
 from changewatch.warehouse.sync import run_sync
 from cw_testing import PG_URL
 
-# Subprocesses importing Dagster: tens of seconds.
-pytestmark = pytest.mark.heavy
-
 RECORDS = [{"id": i, "title": f"item {i}"} for i in range(5)]
 # Bounds a broken test waits for, never a guess at how long the work takes: each is hit
 # only when something hangs.
@@ -99,6 +96,7 @@ def test_a_dropped_connection_is_named_and_nothing_is_stored(pg_url: str, api: A
     assert stored(pg_url) == ([(i,) for i in range(5)], [("acme_items",)])
 
 
+@pytest.mark.e2e  # two `changewatch sync` processes at once
 def test_the_loser_of_two_racing_syncs_skips_with_exit_0(
     pg_url: str, api: ApiServer, tmp_path: Path
 ) -> None:
