@@ -4,14 +4,17 @@ Per examples file: the learned stage alone (its answer at p >= 0.5 on every chan
 share it decides at its threshold with precision and recall there, the cascade (its decisions,
 the rest answered by an LLM when one is given, else counted as sent to it), always-notify and
 always-skip; then a learning curve: the same with 10, 20, 40 and all training labels. Folds
-are stratified and seeded, so a run repeats.
+are stratified and seeded, so a run repeats. The LLM is asked only about the changes the stage
+abstained on, once per curve point (each point is a cascade of its own), and its time per
+question is measured where it is asked, so with a served model the latency includes the wire.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from changewatch.evaluators import learned
 from changewatch.evaluators.evals import EvalExample
@@ -37,7 +40,9 @@ class Row:
     to_llm: float  # share of changes sent to the LLM
     decided_precision: float | None = None  # on the share the learned stage decided
     decided_recall: float | None = None
-    ms: float = 0.0  # learned-stage latency per change (features and model), milliseconds
+    ms: float = 0.0  # latency per change, ms: the learned stage's, plus the LLM's (cascade)
+    asked: int = 0  # changes sent to the LLM (the cascade's abstentions)
+    llm_ms: float | None = None  # the LLM's time per question asked, ms
 
 
 def _prf(pred: Sequence[bool], actual: Sequence[bool]) -> tuple[float | None, ...]:
@@ -51,9 +56,16 @@ def _prf(pred: Sequence[bool], actual: Sequence[bool]) -> tuple[float | None, ..
 
 
 def cross_validate(
-    name: str, watch: str, examples: Sequence[EvalExample], k: int, ask: AskLLM = None
+    name: str,
+    watch: str,
+    examples: Sequence[EvalExample],
+    k: int,
+    ask: AskLLM = None,
+    *,
+    fit_options: Mapping[str, Any] | None = None,
 ) -> list[Row]:
-    """Rows for ``examples``: constants, then the learned stage and cascade per curve point."""
+    """Rows for ``examples``: constants, then the learned stage and cascade per curve point.
+    ``fit_options`` go to learned.fit (to compare its choices side by side)."""
     import numpy as np
     from sklearn.model_selection import StratifiedKFold
 
@@ -76,7 +88,9 @@ def cross_validate(
         for train, test in folds:
             if size < len(train):
                 train = rng.choice(train, size, replace=False)
-            model = learned.fit([prompts[i] for i in train], y[train].tolist())
+            model = learned.fit(
+                [prompts[i] for i in train], y[train].tolist(), **(fit_options or {})
+            )
             if model is None:
                 continue  # cold: abstains on the fold
             started = time.perf_counter()
@@ -90,14 +104,20 @@ def cross_validate(
         )
         ms = 1000 * spent / len(y)
         rows.append(Row(name, "learned", size, *_prf(alone, actual), to_llm=0.0, ms=ms))
+        asked = int((~sure).sum())
+        scores: tuple[float | None, ...] = (None, None, None)
+        llm_ms = None
         if ask is not None:
+            started = time.perf_counter()
             cascade = [a if s else ask(e) for a, s, e in zip(alone, sure, examples, strict=True)]
+            waited = time.perf_counter() - started
             scores = _prf(cascade, actual)
-        else:
-            scores = (None, None, None)
+            llm_ms = 1000 * waited / asked if asked else None
+            ms += 1000 * waited / len(y)
         rows.append(
-            Row(name, "cascade", size, *scores, to_llm=float(1 - sure.mean()),
-                decided_precision=decided_p, decided_recall=decided_r, ms=ms)
+            Row(name, "cascade", size, *scores, to_llm=asked / len(y),
+                decided_precision=decided_p, decided_recall=decided_r, ms=ms, asked=asked,
+                llm_ms=llm_ms)
         )
     return rows
 
@@ -110,13 +130,14 @@ def format_rows(rows: Sequence[Row]) -> str:
     """A Markdown table of ``rows``."""
     lines = [
         "| examples | stage | train labels | precision | recall | F1 | sent to LLM "
-        "| precision decided | recall decided | ms/change |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| precision decided | recall decided | ms/change | LLM ms/question |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        llm = "-" if r.llm_ms is None else f"{r.llm_ms:.1f}"
         lines.append(
             f"| {r.name} | {r.stage} | {r.labels or '-'} | {_f(r.precision)} | {_f(r.recall)} "
             f"| {_f(r.f1)} | {r.to_llm:.0%} | {_f(r.decided_precision)} "
-            f"| {_f(r.decided_recall)} | {r.ms:.1f} |"
+            f"| {_f(r.decided_recall)} | {r.ms:.1f} | {llm} |"
         )
     return "\n".join(lines)

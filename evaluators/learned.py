@@ -3,12 +3,14 @@
 ``judge: [{model: learned, condition: ...}, {model: gpt-4o-mini, when: unsure}]``: the first
 stage answers from a model trained on the watch's own labels (``changewatch train WATCH``,
 evaluators/learned_training.py); only the changes it abstains on go to the LLM (the cascade,
-evaluators/cascade.py). Features are evaluators/learned_features.py's; the classifier is a
+evaluators/cascade.py). Features are evaluators/learned_features.py's: the text, the numbers, or
+both, whichever family scored best out of fold on the training labels; the classifier is a
 logistic regression calibrated by cross-validation (sigmoid), so its probability can be
 thresholded: it decides notify at ``p >= threshold``, skip at ``p <= 1 - threshold`` and
 abstains between. The threshold is the judge's ``threshold``, else the one chosen when
-training on out-of-fold probabilities to keep precision and accuracy of its decisions at 0.9.
-Cold start: without a trained model (too few labels) it abstains on everything.
+training on out-of-fold probabilities to keep precision, recall and accuracy of its decisions
+at 0.9 on every fold (evaluators/learned_selection.py). Cold start: without a trained model
+(too few labels) it abstains on everything.
 
 Models are files ``<dir>/<key>.pkl`` (``$CHANGEWATCH_LEARNED_DIR``, default
 ``.changewatch/learned``), the key a hash of the condition: labels are answers to it.
@@ -28,11 +30,13 @@ from typing import Any
 
 import numpy as np
 from changewatch.evaluators import learned_features as lf
+from changewatch.evaluators import learned_selection as ls
 from changewatch.evaluators.config import LEARNED_MODEL, JudgeConfig
 from changewatch.evaluators.judge import ChangeForJudge, JudgeOutcome, Verdict, render_user_prompt
 
 __all__ = [
     "DIR_ENV",
+    "FEATURES",
     "LEARNED_MODEL",
     "MIN_LABELS",
     "TARGET_PRECISION",
@@ -50,7 +54,10 @@ MIN_LABELS = 10
 MIN_PER_CLASS = 3
 # What the chosen threshold keeps on held-out (out-of-fold) labels, of the decided share.
 TARGET_PRECISION = 0.9
-_SEED = 0
+# The feature recipe's version: a model saved under another one is not used (it abstains
+# until retrained), since its classifier expects other columns. 2: numeric diffs gained
+# "reached zero", and the family (text, numbers, both) is chosen per watch.
+FEATURES = 2
 
 
 @dataclass
@@ -61,6 +68,11 @@ class LearnedModel:
     classifier: Any  # sklearn's CalibratedClassifierCV
     threshold: float  # decide where max(p, 1 - p) >= this; 1.0: never (abstain)
     labels: int  # how many labels it was trained on
+    family: str = "both"  # its features: text, numbers or both (learned_selection)
+    # The numeric diffs' mean and spread over the training labels (learned_features.scaling).
+    center: np.ndarray | None = None
+    scale: np.ndarray | None = None
+    features: int = FEATURES
     trained_at: float = field(default_factory=time.time)
 
     @property
@@ -70,73 +82,50 @@ class LearnedModel:
 
     def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
         """P(notify) for each change's prompt text."""
-        return self.classifier.predict_proba(_features(prompts, self.columns))[:, 1]
-
-
-def _features(prompts: Sequence[str], columns: Sequence[str]) -> np.ndarray:
-    return np.hstack([lf.embed(prompts), lf.numeric_features(prompts, columns)])
-
-
-def _classifier(folds: int) -> Any:
-    from sklearn.calibration import CalibratedClassifierCV
-    from sklearn.linear_model import LogisticRegression
-
-    # No scaling: embeddings are unit-length (each dimension small), the numeric diffs are
-    # logs and clipped ratios; standardized, 384 embedding dimensions drown the few numeric
-    # ones, which on price watches carry the signal (issue 33's baseline).
-    base = LogisticRegression(C=1.0, max_iter=2000, class_weight="balanced")
-    return CalibratedClassifierCV(base, method="sigmoid", cv=folds)
-
-
-def choose_threshold(p: np.ndarray, y: np.ndarray, target: float = TARGET_PRECISION) -> float:
-    """The lowest threshold at which the decisions on held-out ``p`` keep notify precision
-    and accuracy at ``target`` (1.0, deciding nothing, when none does).
-
-    >>> choose_threshold(np.array([0.95, 0.9, 0.6, 0.4, 0.1]), np.array([1, 1, 0, 1, 0]))
-    0.61
-    """
-    for threshold in np.round(np.arange(0.5, 1.0, 0.01), 2):
-        notify, skip = p >= threshold, p <= 1 - threshold
-        decided = notify | skip
-        if not decided.any():
-            break
-        accuracy = float(((p >= 0.5) == y)[decided].mean())
-        precision = float(y[notify].mean()) if notify.any() else 1.0
-        if accuracy >= target and precision >= target:
-            return float(threshold)
-    return 1.0
+        text = lf.embed(prompts) if self.family != "numbers" else np.zeros((len(prompts), 0))
+        numbers = lf.numeric_features(prompts, self.columns)
+        if self.center is not None and self.scale is not None:
+            numbers = (numbers - self.center) / self.scale
+        return self.classifier.predict_proba(ls.family_features(self.family, text, numbers))[:, 1]
 
 
 def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[float] | None = None,
-        threshold: float | None = None) -> LearnedModel | None:
+        threshold: float | None = None, **choices: Any) -> LearnedModel | None:
     """A stage trained on change prompts and labels (True: notify); None below the cold-start
-    minimum. ``weights`` weigh labels (a served judge's verdicts count less than a person's)."""
+    minimum. ``weights`` weigh labels (a served judge's verdicts count less than a person's).
+    ``choices`` go to learned_selection.choose (``families``, ``every_fold``, ``min_decided``:
+    its defaults are the stage's; others are for comparing, bench/bench_learned.py)."""
     y = np.asarray(labels, dtype=int)
     fewest = min(int(y.sum()), int(len(y) - y.sum()))
     if len(y) < MIN_LABELS or fewest < MIN_PER_CLASS:
         return None
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-
     columns = lf.numeric_columns(prompts)
-    x = _features(prompts, columns)
+    numbers = lf.numeric_features(prompts, columns)
+    center, scale = lf.scaling(numbers)
+    numbers = (numbers - center) / scale
+    families = choices.pop("families", ls.FAMILIES)
+    text = lf.embed(prompts) if set(families) - {"numbers"} else np.zeros((len(y), 0))
     w = None if weights is None else np.asarray(weights, dtype=float)
-    folds = min(5, fewest)
     inner = max(2, min(3, fewest - 1))
-    if threshold is None:
-        splits = StratifiedKFold(folds, shuffle=True, random_state=_SEED)
-        params = {} if w is None else {"sample_weight": w}
-        p = cross_val_predict(
-            _classifier(inner), x, y, cv=splits, method="predict_proba", params=params
-        )[:, 1]
-        threshold = choose_threshold(p, y)
-    classifier = _classifier(inner)
+    choice = ls.choose(
+        text, numbers, y, weights=w, folds=min(5, fewest), inner=inner,
+        target=TARGET_PRECISION, families=families, threshold=threshold, **choices,
+    )
+    classifier = ls.classifier(inner)
+    x = ls.family_features(choice.family, text, numbers)
     classifier.fit(x, y, **({} if w is None else {"sample_weight": w}))
-    return LearnedModel(columns, classifier, threshold, len(y))
+    return LearnedModel(
+        columns, classifier, choice.threshold, len(y), choice.family, center, scale
+    )
 
 
 def _dumps(model: LearnedModel) -> bytes:
     buffer = io.BytesIO()
-    pickle.dump((model.columns, model.classifier, model.threshold, model.labels), buffer)
+    pickle.dump(
+        (model.columns, model.classifier, model.threshold, model.labels, model.family,
+         model.center, model.scale),
+        buffer,
+    )
     return buffer.getvalue()
 
 
@@ -163,7 +152,9 @@ def load(path: Path) -> LearnedModel | None:
             model = pickle.load(file)  # noqa: S301 (our own file, written by save())
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError):
         return None
-    return model if isinstance(model, LearnedModel) else None
+    if not isinstance(model, LearnedModel) or getattr(model, "features", 1) != FEATURES:
+        return None  # not a model, or one of an older feature recipe: retrain
+    return model
 
 
 class LearnedJudge:

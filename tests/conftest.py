@@ -7,6 +7,7 @@ trust-auth server) is down, they fail, so CI cannot pass without exercising Post
 from __future__ import annotations
 
 import importlib.util
+import resource
 import shutil
 import ssl
 import subprocess
@@ -37,6 +38,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files marked `heavy` first: on two workers taking a file at a time, a file of several
     minutes started last would leave one worker running alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this worker (all its threads) and of the children it has waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_CPU_AT_SETUP] = _cpu_s()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Each test's CPU seconds (setup to teardown) as the `cpu_s` property of `--junitxml`
+    reports: bench/test_tier_times.py sums them per file, to tell a slow file that works
+    from one that waits."""
+    try:
+        return (yield)
+    finally:
+        if _CPU_AT_SETUP in item.stash:
+            item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_SETUP], 3)))
+
 
 
 @pytest.fixture(params=["duckdb", "postgres"])

@@ -12,7 +12,9 @@ import pytest
 # their examples run in tests/learn/test_learn_doctests.py, in the venv that has it.
 LEARN_EXTRA = frozenset(
     f"changewatch.evaluators.{name}"
-    for name in ("cross_validate", "learned", "learned_features", "learned_training")
+    for name in (
+        "cross_validate", "learned", "learned_features", "learned_selection", "learned_training"
+    )
 )
 PACKAGES = tuple(
     f"changewatch.{name}"

@@ -10,6 +10,7 @@ endpoint ``--base-url`` names. Results go to a JSON-lines file as they come
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -88,7 +89,7 @@ def add_parser(commands: Any) -> None:
         metavar="K",
         help="K-fold cross-validate the learned judge stage on the examples (the `learn` extra): "
         "alone, as a cascade (the rest to --model, if given), against always-notify and "
-        "always-skip, with a learning curve; prints a Markdown table",
+        "always-skip, with a learning curve; prints a Markdown table (--format json: its rows)",
     )
     evals.add_argument(
         "--export-feedback",
@@ -170,14 +171,18 @@ def _cross_validate(args: argparse.Namespace, config_file: Path) -> int:
     for path in example_files([Path(p) for p in args.examples or default]):
         file = load_examples_file(path)
         watch = args.watch or file.watch or path.stem
-        ask = _llm(args, file.condition) if args.model else None
+        ask = _llm(args, file.condition, watch) if args.model else None
         rows += cross_validate(path.stem, watch, file.examples, args.cross_validate, ask)
-    print(format_rows(rows))
+    if args.format == "json":
+        print(json.dumps([dataclasses.asdict(row) for row in rows]))
+    else:
+        print(format_rows(rows))
     return 0
 
 
-def _llm(args: argparse.Namespace, condition: str | None) -> Any:
-    """Asks --model about an example (the cascade's rest); a verdict-less answer is skip."""
+def _llm(args: argparse.Namespace, condition: str | None, watch: str) -> Any:
+    """Asks --model about an example (the cascade's rest), shown as the learned stage saw it
+    (the same watch name in the prompt); a verdict-less answer is skip."""
     from changewatch.evaluators.config import JudgeConfig
     from changewatch.evaluators.evals import EvalError
     from changewatch.evaluators.judge import Judge
@@ -190,7 +195,7 @@ def _llm(args: argparse.Namespace, condition: str | None) -> Any:
     else:
         config = JudgeConfig(condition=condition, model=args.model[0], **_endpoint(args))
     judge = Judge(config)
-    return lambda example: judge.evaluate(example.change(args.watch or "eval")).notify
+    return lambda example: judge.evaluate(example.change(watch)).notify
 
 
 def _watch(args: argparse.Namespace) -> Any:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
+from changewatch.evaluators.evals import EvalExample
 from cw_testing import REPO
+from openai_server import FakeOpenAIServer, Reply
 from test_cli import run_cli
-from test_learned_stage import CONDITION, _examples
+from test_learned_stage import CONDITION, LLM_VERDICT, _examples
 
 
 def test_cross_validation_prints_stages_constants_and_a_curve(tmp_path: Path) -> None:
@@ -32,6 +35,49 @@ def test_cross_validation_prints_stages_constants_and_a_curve(tmp_path: Path) ->
     assert rows[0][3:6] == ["0.50", "1.00", "0.67"]
     # With all 20 training labels the price diffs separate them: F1 well above the constant.
     assert float(rows[4][5]) >= 0.9, lines
+
+
+def test_the_cascade_s_rest_goes_over_http_and_only_the_rest(tmp_path: Path) -> None:
+    """`--model M --base-url URL`: every change the learned stage abstained on is one request
+    to the served model at the wire; the changes it decided are never sent."""
+    (tmp_path / "watches.yaml").write_text((REPO / "watches.yaml").read_text())
+    # Price moves the stage can tell apart, and renames at the same price labelled both ways,
+    # which it cannot: it has to leave those to the LLM.
+    renames = [
+        EvalExample(
+            key=f"name-{i}", source="shop", old={"name": f"Product {i}", "price": 50.0},
+            new={"name": f"Product {i} (new)", "price": 50.0},
+            expect="notify" if i % 2 else "skip",
+        )
+        for i in range(8)
+    ]
+    examples = [
+        e.model_dump(mode="json", exclude_none=True) for e in _examples(22) + renames
+    ]
+    file = tmp_path / "drops.yaml"
+    file.write_text(yaml.safe_dump({"condition": CONDITION, "examples": examples}))
+    notify = LLM_VERDICT | {"should_notify": True}
+    with FakeOpenAIServer(respond=lambda _: Reply.verdict(notify)) as llm:
+        done = run_cli(
+            "eval", "--cross-validate", "3", "--examples", str(file), "--model", "served",
+            "--base-url", llm.base_url, "--format", "json", cwd=tmp_path, timeout=900,
+            DAGSTER_HOME=str(tmp_path),
+        )
+        requests = list(llm.requests)
+    assert done.returncode == 0, done.stderr
+    cascades = [row for row in json.loads(done.stdout) if row["stage"] == "cascade"]
+    assert [row["labels"] for row in cascades] == [10, 20]
+    asked = sum(row["asked"] for row in cascades)
+    # The stage decided some changes (with 20 labels the price diffs separate them) and sent
+    # the others, one request each, with the served model's name and the condition.
+    assert 0 < asked < 2 * 30, cascades
+    assert len(requests) == asked
+    assert {r.body["model"] for r in requests} == {"served"}
+    assert all(CONDITION in r.text for r in requests)
+    for row in cascades:
+        assert row["to_llm"] == row["asked"] / 30
+        assert row["f1"] is not None  # the rest was answered: the cascade is scored whole
+        assert row["llm_ms"] is None if row["asked"] == 0 else row["llm_ms"] > 0
 
 
 def test_cross_validation_names_a_bad_k(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ def test_the_learned_stage_decides_where_sure_and_the_rest_go_to_the_llm() -> No
     assert ": now in use, learned@" in line, line
     model = learned.load(path)
     assert model is not None and model.columns == ["price", "stock"]
+    # The price diffs tell these apart; the embeddings of such alike texts cannot.
+    assert model.family in ("numbers", "both") and "reading the change's " in line
     assert 0.5 <= model.threshold < 1.0  # it can decide some
 
     with FakeOpenAIServer(respond=lambda _: Reply.verdict(LLM_VERDICT)) as llm:
@@ -130,3 +132,12 @@ def test_features_read_the_prompt_as_the_judge_shows_it() -> None:
     old, new = values_of(prompt)
     assert (old["price"], new["price"]) == (100.0, 50.0)
     assert numeric_features([prompt], ["price"])[0, 1] == pytest.approx(-0.5)
+
+
+def test_a_model_of_an_older_feature_recipe_is_not_used(learned_dir: Path) -> None:
+    """Its classifier expects other columns: the stage abstains until retrained."""
+    path = learned_dir / "old.pkl"
+    learned.save(learned.LearnedModel([], None, 0.8, 30, "both", features=1), path)
+    assert learned.load(path) is None
+    learned.save(learned.LearnedModel([], None, 0.8, 30, "both"), path)
+    assert learned.load(path) is not None

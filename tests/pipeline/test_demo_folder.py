@@ -38,6 +38,7 @@ def readme_sql_examples() -> list[str]:
     return examples
 
 
+@pytest.mark.e2e  # the whole demo (three passes), then a `changewatch sql` process per example
 def test_readme_sql_examples_run_after_the_demo(tmp_path: Path, no_llm: str) -> None:
     # A fresh clone: the bundled watches.yaml and dagster.yaml, nothing else.
     for name in ("watches.yaml", "dagster.yaml"):

@@ -103,6 +103,7 @@ def test_a_server_that_is_down_fails_the_eval_in_lines_not_a_traceback(tmp_path:
     ] * 3
 
 
+@pytest.mark.e2e  # a kill test: SIGINT to a running `changewatch eval`, then a second process
 def test_a_stopped_run_keeps_its_results_and_resume_carries_on(tmp_path: Path) -> None:
     examples = [
         {"name": f"outage {i}", "kind": "insert", "new": {"title": f"API down {i}"}}

@@ -1,0 +1,242 @@
+"""The learned judge stage by cross-validation: its recipes side by side, and as a cascade
+with an LLM at the wire.
+
+Three parts, each optional (``--parts``):
+
+- ``variants``: ``evaluators/cross_validate.py`` on every examples file of ``evals/`` with the
+  same folds, once per recipe of ``learned.fit`` (``VARIANTS``): one model on text and numbers
+  with the threshold held on the pooled out-of-fold labels from any number of decisions (the
+  recipe before this bench, but with the numbers standardized and "reached zero"); the family
+  (text, numbers or both) chosen by inner cross-validation, threshold pooled; and the
+  default: family chosen, threshold held on every fold, from at least 10 out-of-fold
+  decisions (or 5). Printed per recipe: F1 alone, share decided with precision and recall
+  there, per curve point, and the CPU seconds it took.
+- ``wire``: ``changewatch eval --cross-validate K --examples evals --model stub --base-url
+  URL --format json`` in a child process against tests/openai_server.py's OpenAI-compatible
+  server on loopback, once per stub rule (``STUBS``): ``notify`` answers notify to every
+  question (an LLM no better than always-notify), ``labels`` answers each change as it is
+  labelled (an LLM that is always right, so the cascade's errors are the learned stage's
+  alone). The real judge path (openai client, HTTP, the verdict's JSON) answers each question.
+  It checks that the server got exactly as many requests as the table says were sent to the
+  LLM, and prints the table, the requests and the child's CPU seconds.
+- ``local``: the same cross-validation on one examples file (``--local-examples``) with the
+  bundled model (``model: local``, the ``[local]`` extra) answering the rest: it judges every
+  change of the file once, in a child process (``changewatch eval --model local --resume``,
+  verdicts kept in ``--local-results``), and the cascade's questions are answered from those
+  verdicts (the verdict cache's rule: same change, same model, same verdict), since one
+  verdict takes 10-40 s on this machine.
+
+Run from the repository root with the ``[learn]`` extra (``[learn,local]`` for ``local``)::
+
+    nice .venv-learn/bin/python bench/bench_learned.py --parts variants,wire
+    nice -n 19 .venv-learn/bin/python bench/bench_learned.py --parts local
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+for folder in (REPO, REPO / "tests"):  # the package is installed editable; tests/ has the stub
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+from changewatch.evaluators import learned  # noqa: E402
+from changewatch.evaluators.cross_validate import Row, cross_validate, format_rows  # noqa: E402
+from changewatch.evaluators.evals import example_files, load_examples_file  # noqa: E402
+from changewatch.evaluators.judge import render_user_prompt  # noqa: E402
+from openai_server import FakeOpenAIServer, Reply, Request  # noqa: E402
+
+EVALS = REPO / "evals"
+VARIANTS: dict[str, dict[str, Any]] = {
+    "one model, pooled": {"families": ("both",), "every_fold": False, "min_decided": 1},
+    "family chosen, pooled": {"every_fold": False, "min_decided": 5},
+    "family chosen, every fold, 5 decided": {"min_decided": 5},
+    "family chosen, every fold, 10 decided (default)": {},
+}
+STUBS = ("notify", "labels")
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _examples() -> list[tuple[str, str, Any]]:
+    """(name, watch, examples file) of each file under evals/."""
+    found = []
+    for path in example_files([EVALS]):
+        file = load_examples_file(path)
+        found.append((path.stem, file.watch or path.stem, file))
+    return found
+
+
+def _summary(rows: list[Row]) -> str:
+    """One line per file: F1 alone and decided share with its precision/recall per point."""
+    lines = []
+    for name in dict.fromkeys(r.name for r in rows):
+        points = []
+        for r in rows:
+            if r.name != name or r.stage not in ("learned", "cascade"):
+                continue
+            if r.stage == "learned":
+                points.append(f"{r.labels}: F1 {_f(r.f1)}")
+            else:
+                points[-1] += (
+                    f", decided {1 - r.to_llm:.0%} at P/R {_f(r.decided_precision)}/"
+                    f"{_f(r.decided_recall)}"
+                )
+        lines.append(f"  {name:13s} " + " | ".join(points))
+    return "\n".join(lines)
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def variants(k: int) -> None:
+    files = _examples()
+    for label, options in VARIANTS.items():
+        cpu = time.process_time()
+        rows: list[Row] = []
+        for name, watch, file in files:
+            rows += cross_validate(name, watch, file.examples, k, fit_options=options)
+        print(f"{label}: {time.process_time() - cpu:.1f} CPU s, load {_load():.1f}")
+        print(_summary(rows))
+    print("the default recipe trained on all of each file (what `changewatch train` keeps):")
+    for name, watch, file in files:
+        prompts = [render_user_prompt(e.change(watch)) for e in file.examples]
+        model = learned.fit(prompts, [e.expect == "notify" for e in file.examples])
+        assert model is not None
+        print(f"  {name:13s} {model.labels} labels: family {model.family}, threshold "
+              f"{model.threshold:.2f}, numeric columns {', '.join(model.columns) or '(none)'}")
+
+
+def _stub(rule: str, prompts: dict[str, bool]) -> Any:
+    """The stub's answer to a request: notify always, or the label of the change it quotes."""
+
+    def respond(request: Request) -> Reply:
+        if rule == "notify":
+            notify = True
+        else:
+            [notify] = [label for prompt, label in prompts.items() if prompt in request.text]
+        verdict = {
+            "reasoning": f"stub rule {rule!r}",
+            "should_notify": notify,
+            "urgency": "normal",
+            "summary": "The stub's answer.",
+            "confidence": 0.9,
+        }
+        return Reply.verdict(verdict)
+
+    return respond
+
+
+def wire(k: int) -> None:
+    prompts = {
+        render_user_prompt(e.change(watch)): e.expect == "notify"
+        for _, watch, file in _examples()
+        for e in file.examples
+    }
+    for rule in STUBS:
+        with tempfile.TemporaryDirectory() as folder, FakeOpenAIServer(
+            respond=_stub(rule, prompts)
+        ) as server:
+            shutil.copy(REPO / "watches.yaml", folder)
+            environ = {
+                k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))
+            }
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "changewatch.pipeline.cli", "eval", "--cross-validate",
+                 str(k), "--examples", str(EVALS), "--model", "stub", "--base-url",
+                 server.base_url, "--format", "json"],
+                cwd=folder, env=environ | {"DAGSTER_HOME": folder}, capture_output=True,
+                text=True, check=False,
+            )
+            wall = time.perf_counter() - started
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            requests = len(server.requests)
+        if done.returncode:
+            sys.exit(f"bench_learned: the eval failed: {done.stderr.strip()[-400:]}")
+        rows = [Row(**row) for row in json.loads(done.stdout)]
+        asked = sum(r.asked for r in rows)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        print(f"\nstub rule {rule!r}: {requests} requests at the wire, {asked} sent to the "
+              f"LLM by the table ({'equal' if requests == asked else 'NOT EQUAL'}); "
+              f"{wall:.0f} s wall, {cpu:.1f} CPU s of the child, load {_load():.1f}")
+        print(format_rows(rows))
+
+
+def local(k: int, examples: Path, results: Path) -> None:
+    """The bundled model judges every change of ``examples`` in a child process (`changewatch
+    eval --model local --resume`: a run cut short carries on), then the cascade's rest is
+    answered from those verdicts. A child, so that the model crashing is one line here: on
+    2026-11-29 llama.cpp as built into the learn venv segfaulted in its first decode."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))}
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(REPO / "watches.yaml", folder)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "changewatch.pipeline.cli", "eval", "--model", "local",
+             "--examples", str(examples), "--results", str(results), "--resume"],
+            cwd=folder, env=environ | {"DAGSTER_HOME": folder}, capture_output=True, text=True,
+            check=False,
+        )
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode not in (0, 1):  # 1: a model below a bar, or one that never answered
+        sys.exit(f"bench_learned: the local eval failed (exit {done.returncode}): "
+                 f"{done.stderr.strip()[-400:] or 'nothing on stderr'}")
+    from changewatch.evaluators.eval_results import read_results
+
+    verdicts = {r.example: r for r in read_results(results)}
+    file = load_examples_file(examples)
+    latencies = sorted(r.latency_ms for r in verdicts.values())
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"local model on {examples.name}: {len(verdicts)} of {len(file.examples)} changes "
+          f"judged, median {latencies[len(latencies) // 2] / 1000:.1f} s a verdict; this run "
+          f"{wall:.0f} s wall, {cpu:.0f} CPU s, load {_load():.1f}")
+
+    def ask(example: Any) -> bool:
+        index = file.examples.index(example)
+        return verdicts[example.label(index)].got == "notify"
+
+    print(format_rows(cross_validate(examples.stem, file.watch or examples.stem,
+                                     file.examples, k, ask)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="variants,wire", help="variants, wire, local")
+    parser.add_argument("--folds", type=int, default=5)
+    parser.add_argument("--local-examples", type=Path, default=EVALS / "prices.yaml")
+    parser.add_argument(
+        "--local-results", type=Path, default=Path(".changewatch") / "bench-learned-local.jsonl",
+        help="the local model's verdicts, kept between runs (--resume)",
+    )
+    args = parser.parse_args()
+    parts = args.parts.split(",")
+    print(f"bench_learned {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{args.folds} folds, load {_load():.1f}")
+    if "variants" in parts:
+        variants(args.folds)
+    if "wire" in parts:
+        wire(args.folds)
+    if "local" in parts:
+        local(args.folds, args.local_examples, args.local_results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Choosing the learned stage's classifier and threshold from its own training labels.
+
+Part of fitting (evaluators/learned.py's ``fit``), before the final model is trained on all
+labels. Two choices, each made on out-of-fold probabilities of the training labels alone:
+
+- **which features**: the change's text (its embedding), its numbers (the numeric diffs of
+  learned_features, standardized on the training labels), or both. At forty labels the 384
+  embedding dimensions drown a few numeric ones when both are given to one model, so each
+  family is a model of its own and the one with the best out-of-fold Brier score is kept
+  (issue 33: on price watches the numbers carry the signal, on incident watches only the text
+  can);
+- **where it decides**: the lowest threshold whose decisions keep precision, recall and
+  accuracy at the target on the pooled out-of-fold labels *and on every fold alone*, from at
+  least ``MIN_DECIDED`` decisions. One lucky fold cannot carry the threshold, so the stage
+  decides less at a few labels and more as labels grow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "FAMILIES",
+    "MIN_DECIDED",
+    "Choice",
+    "choose",
+    "choose_threshold",
+    "classifier",
+    "family_features",
+]
+
+# Feature families, simplest first: a tie in score keeps the earlier one.
+FAMILIES = ("numbers", "text", "both")
+# Out-of-fold decisions a threshold must rest on (fewer: it decides nothing): as many as the
+# cold start asks labels (learned.MIN_LABELS). At 5, ten labels let it decide a fifth of
+# releases.yaml at precision 0.80 (bench/bench_learned.py); at 10 it decides from ten labels
+# only when every one of them was decided right out of fold.
+MIN_DECIDED = 10
+_SEED = 0
+
+
+def family_features(family: str, text: np.ndarray, numbers: np.ndarray) -> np.ndarray:
+    """The feature matrix of ``family`` from the embeddings and the numeric diffs.
+
+    >>> family_features("both", np.zeros((2, 384)), np.ones((2, 3))).shape
+    (2, 387)
+    """
+    if family == "text":
+        return text
+    if family == "numbers":
+        return numbers
+    return np.hstack([text, numbers])
+
+
+def classifier(folds: int) -> Any:
+    """A logistic regression calibrated by sigmoid over ``folds``, for any family's features
+    (numbers come standardized, learned_features.standardized, so their weight does not
+    depend on units; embeddings are left as they are: unit-length rows, every dimension on the
+    same small scale). No sklearn Pipeline: it would not pass sample weights through."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.linear_model import LogisticRegression
+
+    model = LogisticRegression(C=1.0, max_iter=5000, class_weight="balanced")
+    return CalibratedClassifierCV(model, method="sigmoid", cv=folds)
+
+
+def choose_threshold(
+    p: np.ndarray,
+    y: np.ndarray,
+    fold: np.ndarray | None = None,
+    *,
+    target: float,
+    min_decided: int = MIN_DECIDED,
+) -> float:
+    """The lowest threshold at which the decisions on out-of-fold ``p`` keep precision,
+    recall and accuracy at ``target``, pooled and within each ``fold`` (1.0, deciding
+    nothing, when none does), from at least ``min_decided`` decisions. A threshold ``t``
+    decides notify at ``p >= t``, skip at ``p <= 1 - t``.
+
+    One false notify among 21 holds pooled, not in the fold of seven where it fell:
+
+    >>> p, y = np.array([0.95] * 10 + [0.05] * 10 + [0.7]), np.array([1] * 10 + [0] * 11)
+    >>> choose_threshold(p, y, target=0.9)
+    0.5
+    >>> choose_threshold(p, y, np.arange(21) % 3, target=0.9)
+    0.71
+    >>> choose_threshold(p, y, np.arange(21) % 3, target=0.9, min_decided=21)
+    1.0
+    """
+    folds = [] if fold is None else [fold == f for f in np.unique(fold)]
+    for threshold in np.round(np.arange(0.5, 1.0, 0.01), 2):
+        decided = (p >= threshold) | (p <= 1 - threshold)
+        if decided.sum() < min_decided:
+            break  # higher thresholds decide fewer still
+        if all(_holds(p[s] >= 0.5, y[s] == 1, target) for s in
+               [decided, *(decided & f for f in folds)]):
+            return float(threshold)
+    return 1.0
+
+
+def _holds(notify: np.ndarray, actual: np.ndarray, target: float) -> bool:
+    """Precision, recall and accuracy of ``notify`` against ``actual`` at ``target`` (an
+    undefined one, no notify said or none due, holds)."""
+    if not len(actual):
+        return True
+    said, due, right = notify.sum(), actual.sum(), (notify & actual).sum()
+    return bool(
+        (notify == actual).mean() >= target
+        and (not said or right / said >= target)
+        and (not due or right / due >= target)
+    )
+
+
+class Choice:
+    """What ``choose`` settled on: the family, its threshold, and each family's score."""
+
+    def __init__(self, family: str, threshold: float, scores: dict[str, float]) -> None:
+        self.family, self.threshold, self.scores = family, threshold, scores
+
+
+def choose(
+    text: np.ndarray,
+    numbers: np.ndarray,
+    y: np.ndarray,
+    *,
+    weights: np.ndarray | None,
+    folds: int,
+    inner: int,
+    target: float,
+    families: Sequence[str] = FAMILIES,
+    every_fold: bool = True,
+    min_decided: int = MIN_DECIDED,
+    threshold: float | None = None,
+) -> Choice:
+    """The family with the best out-of-fold Brier score over ``folds`` stratified folds of
+    the training labels, and the threshold chosen on its out-of-fold probabilities (or the
+    user's ``threshold``); ``every_fold=False`` asks the threshold to hold pooled only (the
+rule before issue 33's second round, kept to compare). Families that need numbers are skipped
+where there are none."""
+    from sklearn.model_selection import StratifiedKFold
+
+    usable = [f for f in families if f == "text" or numbers.shape[1]] or ["text"]
+    splits = list(StratifiedKFold(folds, shuffle=True, random_state=_SEED).split(text, y))
+    fold = np.zeros(len(y), dtype=int)
+    for index, (_, test) in enumerate(splits):
+        fold[test] = index
+    scores: dict[str, float] = {}
+    best: tuple[float, str, np.ndarray] | None = None
+    for family in usable:
+        x = family_features(family, text, numbers)
+        p = np.zeros(len(y))
+        for train, test in splits:
+            model = classifier(inner)
+            params = {} if weights is None else {"sample_weight": weights[train]}
+            model.fit(x[train], y[train], **params)
+            p[test] = model.predict_proba(x[test])[:, 1]
+        scores[family] = float(np.mean((p - y) ** 2))
+        if best is None or scores[family] < best[0]:
+            best = (scores[family], family, p)
+    assert best is not None
+    _, family, p = best
+    if threshold is None:
+        threshold = choose_threshold(
+            p, y, fold if every_fold else None, target=target, min_decided=min_decided
+        )
+    return Choice(family, threshold, scores)
