@@ -4,7 +4,7 @@
 # at definition time to recognise the context and resource parameters.
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import dagster as dg
 from changewatch.pipeline.assets.asset_signatures import shared_signature
@@ -100,14 +100,21 @@ def sync_asset(source: SourceConfig, *, warehouse_url: str) -> dg.AssetsDefiniti
     return _sync
 
 
-def sync_events(source: SourceConfig, context, warehouse: WarehouseResource) -> Iterator:
+def sync_events(
+    source: SourceConfig,
+    context,
+    warehouse: WarehouseResource,
+    *,
+    poll_tags: Mapping[str, str] | None = None,
+) -> Iterator:
     """What a sync of ``source`` reports, in order: an observation and check results when it
     skipped (another sync of the source was running), else its MaterializeResult (with its
     checks); on failure the check results, then the error is raised.
 
     The body of the sync asset, and of each sync in a batched run's one step
     (pipeline/assets/batched_syncs.py). ``context`` is the asset's or the batch op's: only its
-    run, log and instance are used.
+    run, log and instance are used. ``poll_tags`` carry the sensor's schedule of the source
+    where the run's tags do not (a batched run has it in its config).
     """
     inbox = open_inbox() if source.webhook is not None else None
     # The webhook deliveries stored before this sync fetches are covered by it.
@@ -138,7 +145,9 @@ def sync_events(source: SourceConfig, context, warehouse: WarehouseResource) -> 
             rejected = [rejected_check_result(wh, source)] if rejected_check_specs(source) else []
             # The sensor's decision about this source, in its run tag
             # (pipeline/polling/poll_schedule.py).
-            polled = record_from_tags(wh, context.run.tags, [source.name])
+            polled = record_from_tags(
+                wh, context.run.tags if poll_tags is None else poll_tags, [source.name]
+            )
     except Exception:
         # The run fails with the sync's own error (its API down...). Left unanswered, the
         # checks would show as failed beside it, a storm alarm for what is no storm: they

@@ -211,8 +211,9 @@ def _batched(
     selecting their sources' assets."""
     names = sorted(r.tags[SOURCE_TAG] for r in requests)
     keys = "\n".join(sorted(r.run_key or "" for r in requests))
+    schedules = merged_tag(r.tags[POLL_TAG] for r in requests)
     target = (
-        {"job_name": batch_job.name, "run_config": batch_run_config(names)}
+        {"job_name": batch_job.name, "run_config": batch_run_config(names, schedules)}
         if batch_job is not None
         else {
             "job_name": job_name,
@@ -226,7 +227,8 @@ def _batched(
         tags={
             TRIGGER_TAG: "batch",
             BATCH_TAG: str(len(names)),
-            POLL_TAG: merged_tag(r.tags[POLL_TAG] for r in requests),
+            # With the batch job, in its config instead (pipeline/assets/batched_syncs.py).
+            **({POLL_TAG: schedules} if batch_job is None else {}),
         },
     )
 
