@@ -35,6 +35,7 @@ from changewatch.pipeline.assets.watch_assets import (
     delivery_result,
     evaluation_asset_name,
     evaluation_result,
+    first_line,
 )
 from changewatch.pipeline.polling.poll_schedule import POLL_TAG
 from changewatch.pipeline.project.expected_errors import redact
@@ -109,7 +110,7 @@ def batched_sync_job(
                 table = by_name[name].table
                 yield from _report(context, table, events)
                 if error is not None:
-                    failed[name] = _first_line(error)
+                    failed[name] = redact(first_line(error))
                     context.log.error(f"{name}: the sync failed: {failed[name]}")
                 elif any(isinstance(e, dg.MaterializeResult) for e in events):
                     synced.add(name)
@@ -133,7 +134,7 @@ def batched_sync_job(
             for name, events, error in _each(pool, evaluate, watches):
                 yield from _report(context, evaluation_asset_name(by_watch[name]), events)
                 if error is not None:
-                    failed[f"watch {name}"] = _first_line(error)
+                    failed[f"watch {name}"] = redact(first_line(error))
         if watches:
             result = delivery_result(watches_file, by_name, context, warehouse)
             yield from _report(context, NOTIFICATIONS_ASSET, [result])
@@ -202,9 +203,3 @@ def _evaluation(key: dg.AssetKey, check: dg.AssetCheckResult) -> dg.AssetCheckEv
         severity=check.severity,
         description=check.description,
     )
-
-
-def _first_line(error: Exception) -> str:
-    """The error's first line, any secret in it redacted."""
-    lines = str(error).strip().splitlines()
-    return redact(lines[0] if lines else type(error).__name__)

@@ -40,6 +40,7 @@ __all__ = [
     "digest_partitions",
     "evaluation_asset",
     "evaluation_asset_name",
+    "first_line",
     "notifications_asset",
 ]
 
@@ -205,7 +206,7 @@ def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> d
     transaction), so its changes wait for the next run; the failed `evaluated` check marks
     the asset in the UI and the CLI's summary names the watch and exits non-zero.
     """
-    message = redact(_first_line(error))
+    message = redact(first_line(error))
     trace = redact("".join(traceback.format_exception(error)))
     context.log.error(f"{watch.name}: evaluation failed, its changes wait: {message}\n{trace}")
     # Every declared check reports (Dagster requires it): the changes wait, as the held
@@ -240,7 +241,7 @@ def _failed(context: AssetExecutionContext, watch: Watch, error: Exception) -> d
     )
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     """The error's first line, as the database or our code worded it."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
