@@ -287,6 +287,7 @@ def test_the_walk_normalizes_batches_itself_while_the_worker_is_behind() -> None
         one_page_batches([*documents[:150], bad, *documents[150:]], max_queued=3)
 
 
+@pytest.mark.e2e  # a stress test: 67 MB of pages synced twice under tracemalloc (8-9 CPU-s)
 def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
     warehouse_url: str, api: ApiServer
 ) -> None:
