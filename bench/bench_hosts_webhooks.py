@@ -288,7 +288,8 @@ def run(args: argparse.Namespace) -> dict:
             if len(x.answers) == 1:  # acknowledged at the first POST: the receiver was up
                 while_up.append(seen - x.first_post)
         by_trigger = Counter(
-            (r.get("changewatch/trigger", "-"), r["status"]) for r in runs_with_triggers(d)
+            (f"{r['changewatch/trigger'] or '-'} ({r['job']})", r["status"])
+            for r in runs_with_triggers(d)
         )
         return {
             "deliveries": len(provider.sent),
@@ -320,13 +321,16 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def runs_with_triggers(d: Deployment) -> list[dict]:
-    """Every run's status and its changewatch/trigger tag, from Dagster's storage."""
+    """Every run's job, status and changewatch/trigger tag, from Dagster's storage."""
     rows = d.query(
-        "SELECT r.run_id, r.status, t.value FROM runs r LEFT JOIN run_tags t"
+        "SELECT r.pipeline_name, r.status, t.value FROM runs r LEFT JOIN run_tags t"
         " ON t.run_id = r.run_id AND t.key = 'changewatch/trigger'",
         database="dagster",
     )
-    return [{"status": status, "changewatch/trigger": trigger} for _, status, trigger in rows]
+    return [
+        {"job": job, "status": status, "changewatch/trigger": trigger}
+        for job, status, trigger in rows
+    ]
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ end with one line per failed source, as the asset job's run failed with its fail
 # No `from __future__ import annotations` here: Dagster reads the op function's annotations
 # at definition time to recognise the context, config and resource parameters.
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 import dagster as dg
@@ -47,7 +47,7 @@ from changewatch.pipeline.project.warehouse_resource import (
 )
 from changewatch.pipeline.project.watches_file import ChangewatchConfig
 
-__all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batched_sync_job"]
+__all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batch_sources", "batched_sync_job"]
 
 BATCH_JOB = "sync_batch"
 BATCH_OP = "sync_evaluate_deliver"  # not the job's name: Dagster refuses an op named as its job
@@ -58,6 +58,15 @@ def batch_run_config(sources: Iterable[str], poll_schedule: str = "") -> dict:
     (``poll_schedule``, the rows pipeline/polling/poll_schedule.py writes)."""
     config = {"sources": sorted(sources), "poll_schedule": poll_schedule}
     return {"ops": {BATCH_OP: {"config": config}}}
+
+
+def batch_sources(run_config: Mapping) -> list[str]:
+    """The sources a batched run's config names (none for another job's config).
+
+    >>> batch_sources(batch_run_config(["b", "a"])), batch_sources({})
+    (['a', 'b'], [])
+    """
+    return list(run_config.get("ops", {}).get(BATCH_OP, {}).get("config", {}).get("sources", []))
 
 
 class BatchConfig(dg.Config):

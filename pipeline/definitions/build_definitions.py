@@ -124,12 +124,14 @@ def build_definitions(
     tick = config.polling.tick
     resources = {"warehouse": warehouse_resource(environ), "judges": JudgeResource()}
     recorded = {"schedule_job": schedule_job} if schedule_job is not None else {}
-    # Several sources due at one tick: one run of one step (pipeline/assets/batched_syncs.py).
+    hooked = [s for s in config.sources if s.webhook is not None]
+    # Several sources due (or with webhook deliveries) at one tick: one run of one step
+    # (pipeline/assets/batched_syncs.py).
     batch_job = (
         batched_sync_job(
             config, warehouse_url=url, threads=_threads(url, environ), resources=resources
         )
-        if interval_sources
+        if interval_sources or any(not is_fleet(s) for s in hooked)
         else None
     )
     if batch_job is not None:
@@ -140,8 +142,7 @@ def build_definitions(
     if fleets:
         fleet_run_jobs = [jobs[s.name] for s in fleets] + fleet_only
         sensors.append(fleet_sensor(fleets, fleet_run_jobs, tick=tick))
-    hooked = [s for s in config.sources if s.webhook is not None]
-    sensors += [webhook_sensor(hooked, jobs, keys)] if hooked else []
+    sensors += [webhook_sensor(hooked, jobs, keys, batch_job=batch_job)] if hooked else []
     schedules = [
         cron_schedule(s, jobs[s.name], keys[s.name]) for s in config.sources if s.cron is not None
     ]

@@ -11,6 +11,11 @@ comes from the delivery ids, so each delivery starts at most one run however oft
 evaluated; the sync, once committed, marks the deliveries it covered consumed
 (pipeline/assets/sync_assets.py). Like the other sensors it never opens the warehouse.
 
+Deliveries for several plain sources at one tick make one run of the batch job
+(pipeline/assets/batched_syncs.py), as due syncs do: a run's start-up (some 5 core-seconds) is
+then paid once per tick rather than once per source, which is what a steady stream of deliveries
+to a few sources spends most of its CPU on.
+
 A source whose webhook run waits in the queue, not started, gets no second one: that run's sync
 will consume every delivery stored before it begins, the new ones too. Without this, a steady
 stream of deliveries beyond the workers' pace queued one redundant run per source per tick, a
@@ -32,6 +37,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import dagster as dg
+from changewatch.pipeline.assets.batched_syncs import batch_run_config, batch_sources
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.pipeline.triggers.sync_sensors import TRIGGER_TAG
 from changewatch.pipeline.webhooks.webhook_inbox import Inbox, Pending, open_inbox
@@ -102,13 +108,31 @@ _NOT_BEGUN = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
 
 
 def _waiting(instance: dg.DagsterInstance, names: Sequence[str]) -> set[str]:
-    """Those of ``names`` with a webhook run queued and not started (one query per tick)."""
+    """Those of ``names`` with a webhook run queued and not started (one query per tick):
+    a run of one source names it in a tag, a batched run in its config."""
     if not names:
         return set()
-    queued = instance.get_runs(
-        dg.RunsFilter(statuses=_NOT_BEGUN, tags={TRIGGER_TAG: "webhook", SOURCE_TAG: list(names)})
+    queued = instance.get_runs(dg.RunsFilter(statuses=_NOT_BEGUN, tags={TRIGGER_TAG: "webhook"}))
+    found = set()
+    for run in queued:
+        source = run.tags.get(SOURCE_TAG)
+        found.update([source] if source else batch_sources(run.run_config))
+    return found & set(names)
+
+
+def _batched(batch_job: dg.JobDefinition, requests: Sequence[WebhookRequest]) -> dg.RunRequest:
+    """One run of ``batch_job`` syncing the sources of ``requests``, keyed by their keys."""
+    keys = sorted(request.run_key for request in requests)
+    return dg.RunRequest(
+        # From the sources' own keys: a tick evaluated again asks the same run.
+        run_key=f"webhook-batch:{_digest(keys)}",
+        job_name=batch_job.name,
+        run_config=batch_run_config(request.source for request in requests),
+        tags={
+            TRIGGER_TAG: "webhook",
+            DELIVERIES_TAG: str(sum(request.deliveries for request in requests)),
+        },
     )
-    return {run.tags[SOURCE_TAG] for run in queued}
 
 
 def webhook_sensor(
@@ -117,16 +141,20 @@ def webhook_sensor(
     selections: Mapping[str, Sequence[dg.AssetKey]],
     *,
     inbox: Callable[[], Inbox | PostgresInbox] = open_inbox,
+    batch_job: dg.JobDefinition | None = None,
 ) -> dg.SensorDefinition:
     """The sensor that syncs ``sources`` (those with ``webhook:``) when deliveries wait for
     them; ``jobs`` holds the job of each source by its name, ``selections`` what its runs
-    select (a fleet's: everything), ``inbox`` opens the inbox at a tick."""
+    select (a fleet's: everything), ``inbox`` opens the inbox at a tick; ``batch_job``, if
+    given, syncs several plain sources in one run."""
     names = [source.name for source in sources]
     fleets = {source.name: is_fleet(source) for source in sources}
+    targets = {jobs[name].name: jobs[name] for name in names}
+    targets |= {batch_job.name: batch_job} if batch_job is not None else {}
 
     @dg.sensor(
         name=WEBHOOK_SENSOR,
-        jobs=list({jobs[name].name: jobs[name] for name in names}.values()),
+        jobs=list(targets.values()),
         minimum_interval_seconds=WEBHOOK_TICK_S,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
@@ -153,7 +181,12 @@ def webhook_sensor(
                 context.log.info(
                     f"{request.source}: {request.deliveries} deliveries join its queued run"
                 )
-        runs = [
+        asked = [request for request in requests if request.source not in waiting]
+        plain = [request for request in asked if not fleets[request.source]]
+        batched = [_batched(batch_job, plain)] if batch_job is not None and len(plain) > 1 else []
+        if batched:
+            asked = [request for request in asked if fleets[request.source]]
+        runs = batched + [
             dg.RunRequest(
                 run_key=request.run_key,
                 job_name=jobs[request.source].name,
@@ -164,8 +197,7 @@ def webhook_sensor(
                     DELIVERIES_TAG: str(request.deliveries),
                 },
             )
-            for request in requests
-            if request.source not in waiting
+            for request in asked
         ]
         cursor = str(max((item.seq for item in pending), default=after))
         return dg.SensorResult(run_requests=runs, cursor=cursor)

@@ -19,6 +19,7 @@ import dagster as dg
 import httpx
 import pytest
 import yaml
+from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, batch_run_config, batch_sources
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.pipeline.definitions.build_definitions import build_definitions
 from changewatch.pipeline.polling.poll_slots import due_slot
@@ -309,3 +310,58 @@ def test_deliveries_join_a_queued_webhook_run_of_their_source(
     inbox.put("alpha", "d-3", provider="github", event="issues", body=b"{}")
     [again] = tick(defs, instance, joined.cursor).run_requests
     assert again.tags[DELIVERIES_TAG] == "1"
+
+
+def test_deliveries_for_several_sources_at_one_tick_make_one_batched_run(
+    tmp_path: Path, instance, demo_api: DemoAPIServer, warehouse_url: str, monkeypatch
+) -> None:
+    path = write_config(tmp_path, demo_api.url)
+    config = yaml.safe_load(path.read_text())
+    beta = {**config["sources"][0], "name": "beta", "table": "beta"}
+    beta["webhook"] = {**beta["webhook"], "path": "/hooks/beta"}
+    config["sources"].append(beta)
+    config["watches"].append({**config["watches"][0], "name": "beta_updates", "source": "beta"})
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    monkeypatch.setenv(INBOX_ENV, str(tmp_path / "inbox.sqlite"))
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    defs = build_definitions(load_config(path))
+    batch = defs.resolve_job_def(BATCH_JOB)
+    assert batch.execute_in_process(
+        instance=instance, run_config=batch_run_config(["alpha", "beta"])
+    ).success  # the silent baselines
+    [number] = demo_api.tracker.mutate(update=1)["updated"]
+    inbox = Inbox(tmp_path / "inbox.sqlite")
+    for source, delivery in (("alpha", "a-1"), ("beta", "b-1"), ("beta", "b-2")):
+        inbox.put(source, delivery, provider="github", event="issues", body=b"{}")
+
+    first = tick(defs, instance)
+    [request] = first.run_requests  # one run for both sources, not one each
+    assert request.job_name == BATCH_JOB
+    assert batch_sources(request.run_config) == ["alpha", "beta"]
+    assert request.tags[TRIGGER_TAG] == "webhook" and request.tags[DELIVERIES_TAG] == "3"
+    assert [r.run_key for r in tick(defs, instance).run_requests] == [request.run_key]
+
+    # While it waits in the queue, new deliveries for its sources join it.
+    queued = instance.create_run_for_job(
+        batch,
+        run_config=request.run_config,
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        tags=request.tags,
+    )
+    inbox.put("alpha", "a-2", provider="github", event="issues", body=b"{}")
+    joined = tick(defs, instance, first.cursor)
+    assert joined.run_requests == []
+
+    instance.delete_run(queued.run_id)
+    done = batch.execute_in_process(
+        instance=instance, run_config=request.run_config, tags=request.tags
+    )
+    assert done.success
+    assert [consumer for _, consumer in inbox_rows(tmp_path)] == [done.run_id] * 4
+    # Each source's change of the issue, each watch's notification, once.
+    assert sorted((n["watch"], n["object_key"]) for n in notified(tmp_path)) == [
+        ("beta_updates", str(number)),
+        ("updates", str(number)),
+    ]
+    assert tick(defs, instance, joined.cursor).run_requests == []
