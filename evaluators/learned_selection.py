@@ -64,21 +64,24 @@ def family_features(family: str, blocks: Mapping[str, np.ndarray]) -> np.ndarray
 
 
 def usable(families: Sequence[str], blocks: Mapping[str, np.ndarray]) -> list[str]:
-    """The ``families`` whose blocks all have columns (the fields family's numbers may be
-    none), else text.
+    """The ``families`` whose blocks have columns, numbers allowed to be none (a watch may
+    have no numeric column), each only if it reads other blocks than the families before it
+    (without numbers, "both" is the text again).
 
-    >>> usable(FAMILIES, {"text": np.zeros((2, 4)), "numbers": np.zeros((2, 0))})
-    ['text']
+    >>> usable(FAMILIES, {"text": np.zeros((2, 4)), "numbers": np.zeros((2, 0)),
+    ...                   "fields": np.zeros((2, 3)), "ngrams": np.zeros((2, 0))})
+    ['fields', 'text']
     """
 
     def has(name: str) -> bool:
         return name in blocks and blocks[name].shape[1] > 0
 
-    found = [
-        family for family in families
-        if has(BLOCKS[family][0]) and all(has(name) or name == "numbers" and family == "fields"
-                                          for name in BLOCKS[family][1:])
-    ]
+    found, seen = [], set()
+    for family in families:
+        names = frozenset(name for name in BLOCKS[family] if has(name))
+        if names and names not in seen and all(has(n) or n == "numbers" for n in BLOCKS[family]):
+            found.append(family)
+            seen.add(names)
     return found or ["text"]
 
 

@@ -118,7 +118,7 @@ def field_tokens(prompt: str) -> list[str]:
 
     >>> field_tokens('kind: update\\nold values: {"s":"open","l":["a"]}\\n'
     ...              'new values: {"s":"closed","l":["a","b"]}')
-    ['kind=update', 'changed=l', 'changed=s', 'l+=b', 'l=a', 'l=b', 's:open>closed', 's=closed']
+    ['kind=update', 'changed=l', 'changed=s', 'l=a', 'l=b', 'l+=b', 's=closed', 's:open>closed']
     """
     kind, old, new = _sides(prompt)
     tokens = [f"kind={kind}"] + [f"changed={c}" for c in _changed(old, new)]
