@@ -12,6 +12,10 @@ Three parts, each optional (``--parts``):
   threshold on every fold from at least 10 out-of-fold decisions. Printed per recipe: F1
   alone, share decided with precision and recall there, per curve point, and the CPU seconds
   it took.
+- ``margins``: how far each file is from deciding: with all training labels per fold (the
+  default recipe, the same folds), the out-of-fold probabilities' ROC AUC, and how many
+  changes it is sure of at p >= 0.8 or <= 0.2 and at 0.9 / 0.1, with how many of those it
+  has right, beside the threshold each fold's model chose.
 - ``wire``: ``changewatch eval --cross-validate K --examples evals --model stub --base-url
   URL --format json`` in a child process against tests/openai_server.py's OpenAI-compatible
   server on loopback, once per stub rule (``STUBS``): ``notify`` answers notify to every
@@ -124,6 +128,31 @@ def variants(k: int) -> None:
               f"{model.threshold:.2f}, numeric columns {', '.join(model.columns) or '(none)'}")
 
 
+def margins(k: int) -> None:
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold
+
+    for name, watch, file in _examples():
+        prompts = [render_user_prompt(e.change(watch)) for e in file.examples]
+        y = np.array([e.expect == "notify" for e in file.examples])
+        p, thresholds, families = np.zeros(len(y)), [], []
+        # The folds of evaluators/cross_validate.py (its seed), every training label used.
+        for train, test in StratifiedKFold(k, shuffle=True, random_state=0).split(prompts, y):
+            model = learned.fit([prompts[i] for i in train], y[train].tolist(),
+                                condition=file.condition)
+            assert model is not None
+            p[test] = model.probabilities([prompts[i] for i in test])
+            thresholds.append(f"{model.threshold:.2f}")
+            families.append(model.family)
+        right, sure = (p >= 0.5) == y, []
+        for t in (0.8, 0.9):
+            over = np.maximum(p, 1 - p) >= t
+            sure.append(f"{over.sum()} at {t} ({right[over].sum()} right)")
+        print(f"  {name:13s} AUC {roc_auc_score(y, p):.2f}; sure of {', '.join(sure)} of "
+              f"{len(y)}; thresholds {' '.join(thresholds)}; families {' '.join(families)}")
+
+
 def _stub(rule: str, prompts: dict[str, bool]) -> Any:
     """The stub's answer to a request: notify always, or the label of the change it quotes."""
 
@@ -222,7 +251,7 @@ def local(k: int, examples: Path, results: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="variants,wire", help="variants, wire, local")
+    parser.add_argument("--parts", default="variants,wire", help="variants, margins, wire, local")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--local-examples", type=Path, default=EVALS / "prices.yaml")
     parser.add_argument(
@@ -235,6 +264,9 @@ def main() -> None:
           f"{args.folds} folds, load {_load():.1f}")
     if "variants" in parts:
         variants(args.folds)
+    if "margins" in parts:
+        print(f"margins (all training labels per fold), load {_load():.1f}:")
+        margins(args.folds)
     if "wire" in parts:
         wire(args.folds)
     if "local" in parts:
