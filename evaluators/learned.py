@@ -145,11 +145,16 @@ def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[flo
 
 
 def _dumps(model: LearnedModel) -> bytes:
+    """The model's parts pickled without pickle's memo: with it, a string two attributes
+    happen to share in memory (the same dict key in a fresh model, two equal ones in a loaded
+    one) is written once and referred to after, so the same model would have other bytes, and
+    another version, fresh from fit and loaded in another process."""
     buffer = io.BytesIO()
-    pickle.dump(
+    pickler = pickle.Pickler(buffer)
+    pickler.fast = True  # no memo: nothing in a model refers to itself
+    pickler.dump(
         (model.columns, model.classifier, model.threshold, model.labels, model.family,
-         model.center, model.scale, model.structure),
-        buffer,
+         model.center, model.scale, model.structure)
     )
     return buffer.getvalue()
 

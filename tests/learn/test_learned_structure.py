@@ -3,6 +3,11 @@ cannot: the direction of a status's transition, with the real embedding model be
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from changewatch.evaluators import learned
 from changewatch.evaluators.evals import EvalExample
 from changewatch.evaluators.judge import render_user_prompt
@@ -70,3 +75,26 @@ def test_the_tokens_and_new_text_of_a_change() -> None:
     # An update's new text is what its changed columns became; n-grams of it do not say in
     # which direction a value moved, the fields do.
     assert delta_text(back) == "status: resolved > investigating"
+
+
+def test_the_same_labels_make_the_same_model_in_any_process(tmp_path: Path) -> None:
+    """The version (a hash of the pickled model, in verdicts and the verdict cache) does not
+    depend on the process: the fields' and n-grams' vocabulary pickle in a fixed order, not in
+    the order of a set that string hashing shuffles per process."""
+    train = _examples(0, 30)
+    labels = [e.expect == "notify" for e in train]
+    model = learned.fit(_prompts(train), labels, condition=CONDITION, families=("fields",))
+    assert model is not None and model.structure is not None
+    assert model.structure.vectorizer is not None  # the n-grams are in the model too
+    learned.save(model, tmp_path / "model.pkl")
+    script = (
+        "import sys; from pathlib import Path; from changewatch.evaluators import learned; "
+        "print(learned.load(Path(sys.argv[1])).version)"
+    )
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "model.pkl")],
+            env=os.environ | {"PYTHONHASHSEED": seed}, capture_output=True, text=True,
+            check=True,
+        )
+        assert done.stdout.strip() == model.version
