@@ -4,13 +4,18 @@ with an LLM at the wire.
 Three parts, each optional (``--parts``):
 
 - ``variants``: ``evaluators/cross_validate.py`` on every examples file of ``evals/`` with the
-  same folds, once per recipe of ``learned.fit`` (``VARIANTS``): one model on text and numbers
-  with the threshold held on the pooled out-of-fold labels from any number of decisions (the
-  recipe before this bench, but with the numbers standardized and "reached zero"); the family
-  (text, numbers or both) chosen by inner cross-validation, threshold pooled; and the
-  default: family chosen, threshold held on every fold, from at least 10 out-of-fold
-  decisions (or 5). Printed per recipe: F1 alone, share decided with precision and recall
-  there, per curve point, and the CPU seconds it took.
+  same folds, once per recipe of ``learned.fit`` (``VARIANTS``): the family chosen by inner
+  cross-validation among the numbers, the text embedding or both (the recipe before issue 33's
+  third round); the fields alone (learned_structure: kind, changed columns, short values and
+  their transitions, the condition's terms, with the numbers); the character n-grams of the
+  change's new text alone; and the default, the family chosen among all five. All hold the
+  threshold on every fold from at least 10 out-of-fold decisions. Printed per recipe: F1
+  alone, share decided with precision and recall there, per curve point, and the CPU seconds
+  it took.
+- ``margins``: how far each file is from deciding: with all training labels per fold (the
+  default recipe, the same folds), the out-of-fold probabilities' ROC AUC, and how many
+  changes it is sure of at p >= 0.8 or <= 0.2 and at 0.9 / 0.1, with how many of those it
+  has right, beside the threshold each fold's model chose.
 - ``wire``: ``changewatch eval --cross-validate K --examples evals --model stub --base-url
   URL --format json`` in a child process against tests/openai_server.py's OpenAI-compatible
   server on loopback, once per stub rule (``STUBS``): ``notify`` answers notify to every
@@ -59,10 +64,10 @@ from openai_server import FakeOpenAIServer, Reply, Request  # noqa: E402
 
 EVALS = REPO / "evals"
 VARIANTS: dict[str, dict[str, Any]] = {
-    "one model, pooled": {"families": ("both",), "every_fold": False, "min_decided": 1},
-    "family chosen, pooled": {"every_fold": False, "min_decided": 5},
-    "family chosen, every fold, 5 decided": {"min_decided": 5},
-    "family chosen, every fold, 10 decided (default)": {},
+    "numbers, text or both (before the third round)": {"families": ("numbers", "text", "both")},
+    "fields alone": {"families": ("fields",)},
+    "ngrams alone": {"families": ("ngrams",)},
+    "five families (default)": {},
 }
 STUBS = ("notify", "labels")
 
@@ -109,16 +114,43 @@ def variants(k: int) -> None:
         cpu = time.process_time()
         rows: list[Row] = []
         for name, watch, file in files:
-            rows += cross_validate(name, watch, file.examples, k, fit_options=options)
+            rows += cross_validate(name, watch, file.examples, k, condition=file.condition,
+                                   fit_options=options)
         print(f"{label}: {time.process_time() - cpu:.1f} CPU s, load {_load():.1f}")
         print(_summary(rows))
     print("the default recipe trained on all of each file (what `changewatch train` keeps):")
     for name, watch, file in files:
         prompts = [render_user_prompt(e.change(watch)) for e in file.examples]
-        model = learned.fit(prompts, [e.expect == "notify" for e in file.examples])
+        model = learned.fit(prompts, [e.expect == "notify" for e in file.examples],
+                            condition=file.condition)
         assert model is not None
         print(f"  {name:13s} {model.labels} labels: family {model.family}, threshold "
               f"{model.threshold:.2f}, numeric columns {', '.join(model.columns) or '(none)'}")
+
+
+def margins(k: int) -> None:
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import StratifiedKFold
+
+    for name, watch, file in _examples():
+        prompts = [render_user_prompt(e.change(watch)) for e in file.examples]
+        y = np.array([e.expect == "notify" for e in file.examples])
+        p, thresholds, families = np.zeros(len(y)), [], []
+        # The folds of evaluators/cross_validate.py (its seed), every training label used.
+        for train, test in StratifiedKFold(k, shuffle=True, random_state=0).split(prompts, y):
+            model = learned.fit([prompts[i] for i in train], y[train].tolist(),
+                                condition=file.condition)
+            assert model is not None
+            p[test] = model.probabilities([prompts[i] for i in test])
+            thresholds.append(f"{model.threshold:.2f}")
+            families.append(model.family)
+        right, sure = (p >= 0.5) == y, []
+        for t in (0.8, 0.9):
+            over = np.maximum(p, 1 - p) >= t
+            sure.append(f"{over.sum()} at {t} ({right[over].sum()} right)")
+        print(f"  {name:13s} AUC {roc_auc_score(y, p):.2f}; sure of {', '.join(sure)} of "
+              f"{len(y)}; thresholds {' '.join(thresholds)}; families {' '.join(families)}")
 
 
 def _stub(rule: str, prompts: dict[str, bool]) -> Any:
@@ -214,12 +246,12 @@ def local(k: int, examples: Path, results: Path) -> None:
         return verdicts[example.label(index)].got == "notify"
 
     print(format_rows(cross_validate(examples.stem, file.watch or examples.stem,
-                                     file.examples, k, ask)))
+                                     file.examples, k, ask, condition=file.condition)))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="variants,wire", help="variants, wire, local")
+    parser.add_argument("--parts", default="variants,wire", help="variants, margins, wire, local")
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument("--local-examples", type=Path, default=EVALS / "prices.yaml")
     parser.add_argument(
@@ -232,6 +264,9 @@ def main() -> None:
           f"{args.folds} folds, load {_load():.1f}")
     if "variants" in parts:
         variants(args.folds)
+    if "margins" in parts:
+        print(f"margins (all training labels per fold), load {_load():.1f}:")
+        margins(args.folds)
     if "wire" in parts:
         wire(args.folds)
     if "local" in parts:

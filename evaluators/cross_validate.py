@@ -62,10 +62,12 @@ def cross_validate(
     k: int,
     ask: AskLLM = None,
     *,
+    condition: str | None = None,
     fit_options: Mapping[str, Any] | None = None,
 ) -> list[Row]:
     """Rows for ``examples``: constants, then the learned stage and cascade per curve point.
-    ``fit_options`` go to learned.fit (to compare its choices side by side)."""
+    ``condition``: what they were labelled against (its terms are features); ``fit_options``
+    go to learned.fit (to compare its choices side by side)."""
     import numpy as np
     from sklearn.model_selection import StratifiedKFold
 
@@ -89,7 +91,8 @@ def cross_validate(
             if size < len(train):
                 train = rng.choice(train, size, replace=False)
             model = learned.fit(
-                [prompts[i] for i in train], y[train].tolist(), **(fit_options or {})
+                [prompts[i] for i in train], y[train].tolist(), condition=condition,
+                **(fit_options or {}),
             )
             if model is None:
                 continue  # cold: abstains on the fold

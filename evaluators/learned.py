@@ -3,8 +3,9 @@
 ``judge: [{model: learned, condition: ...}, {model: gpt-4o-mini, when: unsure}]``: the first
 stage answers from a model trained on the watch's own labels (``changewatch train WATCH``,
 evaluators/learned_training.py); only the changes it abstains on go to the LLM (the cascade,
-evaluators/cascade.py). Features are evaluators/learned_features.py's: the text, the numbers, or
-both, whichever family scored best out of fold on the training labels; the classifier is a
+evaluators/cascade.py). Features are evaluators/learned_features.py's (the text embedded, the
+numbers) and evaluators/learned_structure.py's (the change's fields, its new text's character
+n-grams), in the family that scored best out of fold on the training labels; the classifier is a
 logistic regression calibrated by cross-validation (sigmoid), so its probability can be
 thresholded: it decides notify at ``p >= threshold``, skip at ``p <= 1 - threshold`` and
 abstains between. The threshold is the judge's ``threshold``, else the one chosen when
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 from changewatch.evaluators import learned_features as lf
 from changewatch.evaluators import learned_selection as ls
+from changewatch.evaluators import learned_structure as lst
 from changewatch.evaluators.config import LEARNED_MODEL, JudgeConfig
 from changewatch.evaluators.judge import ChangeForJudge, JudgeOutcome, Verdict, render_user_prompt
 
@@ -56,8 +58,9 @@ MIN_PER_CLASS = 3
 TARGET_PRECISION = 0.9
 # The feature recipe's version: a model saved under another one is not used (it abstains
 # until retrained), since its classifier expects other columns. 2: numeric diffs gained
-# "reached zero", and the family (text, numbers, both) is chosen per watch.
-FEATURES = 2
+# "reached zero", and the family (text, numbers, both) is chosen per watch. 3: the fields and
+# ngrams families (learned_structure), and the condition's terms.
+FEATURES = 3
 
 
 @dataclass
@@ -72,6 +75,8 @@ class LearnedModel:
     # The numeric diffs' mean and spread over the training labels (learned_features.scaling).
     center: np.ndarray | None = None
     scale: np.ndarray | None = None
+    # The fields' and n-grams' vocabulary (and the condition's terms), from the training labels.
+    structure: lst.Structure | None = None
     features: int = FEATURES
     trained_at: float = field(default_factory=time.time)
 
@@ -82,17 +87,37 @@ class LearnedModel:
 
     def probabilities(self, prompts: Sequence[str]) -> np.ndarray:
         """P(notify) for each change's prompt text."""
-        text = lf.embed(prompts) if self.family != "numbers" else np.zeros((len(prompts), 0))
-        numbers = lf.numeric_features(prompts, self.columns)
+        blocks = _blocks(prompts, self.family, self.columns, self.structure)
         if self.center is not None and self.scale is not None:
-            numbers = (numbers - self.center) / self.scale
-        return self.classifier.predict_proba(ls.family_features(self.family, text, numbers))[:, 1]
+            blocks["numbers"] = (blocks["numbers"] - self.center) / self.scale
+        x = ls.family_features(self.family, blocks)
+        return self.classifier.predict_proba(x)[:, 1]
+
+
+def _blocks(
+    prompts: Sequence[str], families: str | Sequence[str], columns: Sequence[str],
+    structure: lst.Structure | None,
+) -> dict[str, np.ndarray]:
+    """The feature blocks ``families`` need (learned_selection.BLOCKS), one row per prompt;
+    numbers unscaled. Blocks no family needs are not computed (the embedding is the slow one)."""
+    names = {name for family in ([families] if isinstance(families, str) else families)
+             for name in ls.BLOCKS[family]}
+    blocks = {"numbers": lf.numeric_features(prompts, columns)}
+    if "text" in names:
+        blocks["text"] = lf.embed(prompts)
+    if structure is not None and "fields" in names:
+        blocks["fields"] = structure.fields(prompts)
+    if structure is not None and "ngrams" in names:
+        blocks["ngrams"] = structure.ngrams(prompts)
+    return blocks
 
 
 def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[float] | None = None,
-        threshold: float | None = None, **choices: Any) -> LearnedModel | None:
+        threshold: float | None = None, condition: str | None = None,
+        **choices: Any) -> LearnedModel | None:
     """A stage trained on change prompts and labels (True: notify); None below the cold-start
-    minimum. ``weights`` weigh labels (a served judge's verdicts count less than a person's).
+    minimum. ``weights`` weigh labels (a served judge's verdicts count less than a person's);
+    ``condition``: the judge's, whose terms the fields family looks for in each change.
     ``choices`` go to learned_selection.choose (``families``, ``every_fold``, ``min_decided``:
     its defaults are the stage's; others are for comparing, bench/bench_learned.py)."""
     y = np.asarray(labels, dtype=int)
@@ -100,31 +125,36 @@ def fit(prompts: Sequence[str], labels: Sequence[bool], *, weights: Sequence[flo
     if len(y) < MIN_LABELS or fewest < MIN_PER_CLASS:
         return None
     columns = lf.numeric_columns(prompts)
-    numbers = lf.numeric_features(prompts, columns)
-    center, scale = lf.scaling(numbers)
-    numbers = (numbers - center) / scale
     families = choices.pop("families", ls.FAMILIES)
-    text = lf.embed(prompts) if set(families) - {"numbers"} else np.zeros((len(y), 0))
+    structure = lst.Structure(prompts, condition)
+    blocks = _blocks(prompts, families, columns, structure)
+    center, scale = lf.scaling(blocks["numbers"])
+    blocks["numbers"] = (blocks["numbers"] - center) / scale
     w = None if weights is None else np.asarray(weights, dtype=float)
     inner = max(2, min(3, fewest - 1))
     choice = ls.choose(
-        text, numbers, y, weights=w, folds=min(5, fewest), inner=inner,
+        blocks, y, weights=w, folds=min(5, fewest), inner=inner,
         target=TARGET_PRECISION, families=families, threshold=threshold, **choices,
     )
     classifier = ls.classifier(inner)
-    x = ls.family_features(choice.family, text, numbers)
+    x = ls.family_features(choice.family, blocks)
     classifier.fit(x, y, **({} if w is None else {"sample_weight": w}))
     return LearnedModel(
-        columns, classifier, choice.threshold, len(y), choice.family, center, scale
+        columns, classifier, choice.threshold, len(y), choice.family, center, scale, structure
     )
 
 
 def _dumps(model: LearnedModel) -> bytes:
+    """The model's parts pickled without pickle's memo: with it, a string two attributes
+    happen to share in memory (the same dict key in a fresh model, two equal ones in a loaded
+    one) is written once and referred to after, so the same model would have other bytes, and
+    another version, fresh from fit and loaded in another process."""
     buffer = io.BytesIO()
-    pickle.dump(
+    pickler = pickle.Pickler(buffer)
+    pickler.fast = True  # no memo: nothing in a model refers to itself
+    pickler.dump(
         (model.columns, model.classifier, model.threshold, model.labels, model.family,
-         model.center, model.scale),
-        buffer,
+         model.center, model.scale, model.structure)
     )
     return buffer.getvalue()
 

@@ -3,12 +3,14 @@
 Part of fitting (evaluators/learned.py's ``fit``), before the final model is trained on all
 labels. Two choices, each made on out-of-fold probabilities of the training labels alone:
 
-- **which features**: the change's text (its embedding), its numbers (the numeric diffs of
-  learned_features, standardized on the training labels), or both. At forty labels the 384
-  embedding dimensions drown a few numeric ones when both are given to one model, so each
-  family is a model of its own and the one with the best out-of-fold Brier score is kept
-  (issue 33: on price watches the numbers carry the signal, on incident watches only the text
-  can);
+- **which features**: the change's numbers (the numeric diffs of learned_features,
+  standardized on the training labels), its fields (learned_structure: kind, changed columns,
+  short values and their transitions, condition terms, with the numbers), its new text's
+  character n-grams (learned_structure), its text's embedding, or embedding and numbers. At
+  forty labels the 384 embedding dimensions drown a few numeric ones when both are given to
+  one model, so each family is a model of its own and the one with the best out-of-fold Brier
+  score is kept (issue 33: on price watches the numbers carry the signal; on incident,
+  status-page and release watches the embedding alone did not separate forty changes);
 - **where it decides**: the lowest threshold whose decisions keep precision, recall and
   accuracy at the target on the pooled out-of-fold labels *and on every fold alone*, from at
   least ``MIN_DECIDED`` decisions. One lucky fold cannot carry the threshold, so the stage
@@ -17,12 +19,13 @@ labels. Two choices, each made on out-of-fold probabilities of the training labe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "BLOCKS",
     "FAMILIES",
     "MIN_DECIDED",
     "Choice",
@@ -30,10 +33,19 @@ __all__ = [
     "choose_threshold",
     "classifier",
     "family_features",
+    "usable",
 ]
 
-# Feature families, simplest first: a tie in score keeps the earlier one.
-FAMILIES = ("numbers", "text", "both")
+# Feature families, simplest first: a tie in score keeps the earlier one. Each is the blocks
+# it joins (learned.py builds the blocks: text, numbers, fields, ngrams).
+BLOCKS = {
+    "numbers": ("numbers",),
+    "fields": ("fields", "numbers"),
+    "ngrams": ("ngrams",),
+    "text": ("text",),
+    "both": ("text", "numbers"),
+}
+FAMILIES = tuple(BLOCKS)
 # Out-of-fold decisions a threshold must rest on (fewer: it decides nothing): as many as the
 # cold start asks labels (learned.MIN_LABELS). At 5, ten labels let it decide a fifth of
 # releases.yaml at precision 0.80 (bench/bench_learned.py); at 10 it decides from ten labels
@@ -42,17 +54,35 @@ MIN_DECIDED = 10
 _SEED = 0
 
 
-def family_features(family: str, text: np.ndarray, numbers: np.ndarray) -> np.ndarray:
-    """The feature matrix of ``family`` from the embeddings and the numeric diffs.
+def family_features(family: str, blocks: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The feature matrix of ``family`` from its ``blocks`` (one row per change each).
 
-    >>> family_features("both", np.zeros((2, 384)), np.ones((2, 3))).shape
+    >>> family_features("both", {"text": np.zeros((2, 384)), "numbers": np.ones((2, 3))}).shape
     (2, 387)
     """
-    if family == "text":
-        return text
-    if family == "numbers":
-        return numbers
-    return np.hstack([text, numbers])
+    return np.hstack([blocks[name] for name in BLOCKS[family]])
+
+
+def usable(families: Sequence[str], blocks: Mapping[str, np.ndarray]) -> list[str]:
+    """The ``families`` whose blocks have columns, numbers allowed to be none (a watch may
+    have no numeric column), each only if it reads other blocks than the families before it
+    (without numbers, "both" is the text again).
+
+    >>> usable(FAMILIES, {"text": np.zeros((2, 4)), "numbers": np.zeros((2, 0)),
+    ...                   "fields": np.zeros((2, 3)), "ngrams": np.zeros((2, 0))})
+    ['fields', 'text']
+    """
+
+    def has(name: str) -> bool:
+        return name in blocks and blocks[name].shape[1] > 0
+
+    found, seen = [], set()
+    for family in families:
+        names = frozenset(name for name in BLOCKS[family] if has(name))
+        if names and names not in seen and all(has(n) or n == "numbers" for n in BLOCKS[family]):
+            found.append(family)
+            seen.add(names)
+    return found or ["text"]
 
 
 def classifier(folds: int) -> Any:
@@ -122,8 +152,7 @@ class Choice:
 
 
 def choose(
-    text: np.ndarray,
-    numbers: np.ndarray,
+    blocks: Mapping[str, np.ndarray],
     y: np.ndarray,
     *,
     weights: np.ndarray | None,
@@ -138,19 +167,18 @@ def choose(
     """The family with the best out-of-fold Brier score over ``folds`` stratified folds of
     the training labels, and the threshold chosen on its out-of-fold probabilities (or the
     user's ``threshold``); ``every_fold=False`` asks the threshold to hold pooled only (the
-rule before issue 33's second round, kept to compare). Families that need numbers are skipped
-where there are none."""
+rule before issue 33's second round, kept to compare). Families whose blocks are empty (no
+numbers, no n-grams) are skipped."""
     from sklearn.model_selection import StratifiedKFold
 
-    usable = [f for f in families if f == "text" or numbers.shape[1]] or ["text"]
-    splits = list(StratifiedKFold(folds, shuffle=True, random_state=_SEED).split(text, y))
+    splits = list(StratifiedKFold(folds, shuffle=True, random_state=_SEED).split(y, y))
     fold = np.zeros(len(y), dtype=int)
     for index, (_, test) in enumerate(splits):
         fold[test] = index
     scores: dict[str, float] = {}
     best: tuple[float, str, np.ndarray] | None = None
-    for family in usable:
-        x = family_features(family, text, numbers)
+    for family in usable(families, blocks):
+        x = family_features(family, blocks)
         p = np.zeros(len(y))
         for train, test in splits:
             model = classifier(inner)

@@ -26,7 +26,13 @@ HELD_OUT = 0.2
 # A served judge's verdict counts this much against a person's label.
 SERVED_WEIGHT = 0.5
 # What each feature family reads, as the train line says it.
-_FAMILY = {"text": "text", "numbers": "numbers", "both": "text and numbers"}
+_FAMILY = {
+    "text": "text",
+    "numbers": "numbers",
+    "both": "text and numbers",
+    "fields": "fields (kind, changed columns, short values, condition terms) and numbers",
+    "ngrams": "new text's character n-grams",
+}
 
 
 @dataclass(frozen=True)
@@ -81,11 +87,13 @@ def _score(model: learned.LearnedModel | None, held: Sequence[Label]) -> float |
 
 
 def train(
-    watch: str, labels: Sequence[Label], path: Path, *, threshold: float | None = None
+    watch: str, labels: Sequence[Label], path: Path, *, threshold: float | None = None,
+    condition: str | None = None,
 ) -> str:
     """Train on ``labels``, keep the new model at ``path`` if it scores no worse on the
     held-out labels than the one there; one line saying what was done and why.
-    ``threshold``: the user's (else chosen on out-of-fold labels, evaluators/learned.py)."""
+    ``threshold``: the user's (else chosen on out-of-fold labels, evaluators/learned.py);
+    ``condition``: the judge's, whose terms are features (learned_structure)."""
     people = sum(label.weight == 1.0 for label in labels)
     held = [label for label in labels if label.held_out]
     used = [label for label in labels if not label.held_out]
@@ -98,6 +106,7 @@ def train(
         [label.notify for label in used],
         weights=[label.weight for label in used],
         threshold=threshold,
+        condition=condition,
     )
     if model is None:
         return (

@@ -13,7 +13,8 @@ import pytest
 LEARN_EXTRA = frozenset(
     f"changewatch.evaluators.{name}"
     for name in (
-        "cross_validate", "learned", "learned_features", "learned_selection", "learned_training"
+        "cross_validate", "learned", "learned_features", "learned_selection", "learned_structure",
+        "learned_training",
     )
 )
 PACKAGES = tuple(

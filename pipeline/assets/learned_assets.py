@@ -94,5 +94,6 @@ def train_watch(wh: Any, config_file: Any, watch: Any) -> str:
         watch.name, examples, served, min_confidence=watch.judge.min_confidence
     )
     return learned_training.train(
-        watch.name, labels, learned.model_file(stage), threshold=stage.threshold
+        watch.name, labels, learned.model_file(stage), threshold=stage.threshold,
+        condition=stage.condition,
     )

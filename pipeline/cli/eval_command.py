@@ -172,7 +172,11 @@ def _cross_validate(args: argparse.Namespace, config_file: Path) -> int:
         file = load_examples_file(path)
         watch = args.watch or file.watch or path.stem
         ask = _llm(args, file.condition, watch) if args.model else None
-        rows += cross_validate(path.stem, watch, file.examples, args.cross_validate, ask)
+        judge = _watch(args).judge if args.watch else None
+        condition = judge.condition if judge is not None else file.condition
+        rows += cross_validate(
+            path.stem, watch, file.examples, args.cross_validate, ask, condition=condition
+        )
     if args.format == "json":
         print(json.dumps([dataclasses.asdict(row) for row in rows]))
     else:
