@@ -174,15 +174,23 @@ class CompiledFilter:
     text: str
     columns: frozenset[str]  # declared columns it references
     _tree: exp.Expression = field(repr=False, compare=False)
+    # What to_sql rendered, by dialect and alias: every evaluation of the watch asks again, and
+    # rendering (sqlglot: copy, rewrite, generate) costs about a millisecond each time.
+    _rendered: dict[tuple[str, str], str] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def to_sql(self, dialect: Literal["duckdb", "postgres"], *, alias: str = "c") -> str:
         """A boolean SQL expression over the change-log row `alias`, for that dialect."""
+        if (done := self._rendered.get((dialect, alias))) is not None:
+            return done
         if dialect not in ("duckdb", "postgres"):
             raise ValueError(f"unsupported dialect {dialect!r}")
         if not _ALIAS.match(alias):
             raise ValueError(f"alias {alias!r} is not a plain identifier")
         tree = _compile(self._tree.copy(), dialect, alias)
-        return tree.sql(dialect=dialect, comments=False)
+        rendered = self._rendered[(dialect, alias)] = tree.sql(dialect=dialect, comments=False)
+        return rendered
 
 
 def compile_filter(text: str, *, watch: str, columns: Mapping[str, str]) -> CompiledFilter:

@@ -14,6 +14,7 @@ are staged whole.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -75,6 +76,94 @@ STAGE_TYPES = {
 }
 
 
+# Idle stage databases this process keeps for its next syncs, at most this many. Opening an
+# in-memory DuckDB costs some 16 ms of CPU and closing it 4 more: more than the rest of a small
+# sync's work in its stage (bench/profile_alone.py: 0.020 of 0.088 core-s a changed source).
+# A stage is emptied when its sync ends (every table dropped, its memory limit put back), so
+# an idle one holds no rows; a batched run's syncs on threads each take one of their own.
+IDLE_STAGES = 4
+
+
+class _StageDatabase:
+    """One private DuckDB and its spill folder, reused by one sync after another."""
+
+    def __init__(self) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
+        try:
+            self.connection = duckdb.connect(
+                config={
+                    # One thread while the walk goes on (normalization shares the machine).
+                    "threads": 1,
+                    "memory_limit": MEMORY_LIMIT,
+                    "temp_directory": self.tmp.name,
+                    # Rows carry their arrival; nothing here depends on the order they are
+                    # stored or read in, and keeping it costs memory in every streamed query.
+                    "preserve_insertion_order": False,
+                    # Never checkpoint. Even in memory, DuckDB checkpoints after 16 MiB of
+                    # changes, compressing the row groups (zstd, FSST) on the thread that
+                    # appends: 2-3 s each time, at 0.43, 0.68 and 0.94 million rows of a first
+                    # sync, while the walk waits (normalizing a million rows took 22.6 s, 15.9 s
+                    # without). The stage lives for one sync; uncompressed, it spills.
+                    "checkpoint_threshold": "1TB",
+                }
+            )
+            # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
+            self.connection.execute("SET TimeZone = 'UTC'")
+        except BaseException:
+            self.tmp.cleanup()
+            raise
+
+    def empty(self) -> bool:
+        """Drop everything a sync made here and put the memory limit back; False when that
+        failed (the database is then closed, not reused)."""
+        try:
+            con = self.connection
+            made = con.execute(
+                "SELECT 'VIEW', database_name, schema_name, view_name FROM duckdb_views() "
+                "WHERE NOT internal UNION ALL "
+                "SELECT 'TABLE', database_name, schema_name, table_name FROM duckdb_tables() "
+                "WHERE NOT internal"
+            ).fetchall()
+            # One call (a statement each costs a call's overhead), views first: they read tables.
+            con.execute(
+                "".join(f"DROP {k} IF EXISTS {_q(c)}.{_q(s)}.{_q(n)}; " for k, c, s, n in made)
+                + f"SET memory_limit = '{MEMORY_LIMIT}'"
+            )
+            return True
+        except Exception:  # noqa: BLE001 - a stage in doubt is closed; a new one is cheap
+            return False
+
+    def close(self) -> None:
+        try:
+            self.connection.close()
+        finally:
+            self.tmp.cleanup()
+
+
+_idle: list[_StageDatabase] = []
+_idle_lock = threading.Lock()
+
+
+def _take_database() -> _StageDatabase:
+    with _idle_lock:
+        if _idle:
+            return _idle.pop()
+    return _StageDatabase()
+
+
+def _give_back(database: _StageDatabase) -> None:
+    if database.empty():
+        with _idle_lock:
+            if len(_idle) < IDLE_STAGES:
+                _idle.append(database)
+                return
+    database.close()
+
+
+# A forked child must not use its parent's DuckDB connections: it starts with none idle.
+os.register_at_fork(after_in_child=_idle.clear)
+
+
 class StagedFetch:
     """Table ``fetched`` (declared columns, ``_content_hash``, ``_raw``, ``_raw_hash``,
     ``_arrival``) of a private DuckDB, table ``seen`` (the rows that match their stored version:
@@ -82,50 +171,36 @@ class StagedFetch:
     whatever tables a sync loads next to it (``load``), such as ``stored``: the stored keys
     and hashes.
 
-    Close it (or use it as a context manager) to drop the database and its spill files.
+    Close it (or use it as a context manager) to drop its tables and spilled rows; the empty
+    database is kept for this process's next stage (``IDLE_STAGES``).
     """
 
     def __init__(self, config: SourceBase, *, memory_limit: str = MEMORY_LIMIT) -> None:
         self.config = config
-        self._tmp = tempfile.TemporaryDirectory(prefix="changewatch-fetch-")
         # The memory limit now, in bytes; only ever raised (make_room, two_streams).
         self._memory_limit = _bytes(memory_limit)
         self._room = threading.Lock()
+        self._storing: Future[None] | None = None
+        self._database: _StageDatabase | None = _take_database()
+        self.connection = self._database.connection
         try:
-            self._create(memory_limit)
+            if memory_limit != MEMORY_LIMIT:
+                self.connection.execute(f"SET memory_limit = '{memory_limit}'")
+            self._create()
         except BaseException:
-            self.close()  # a half-made stage leaves no database or spill folder behind
+            self.close()  # a half-made stage leaves no tables behind
             raise
         self.synced_at: datetime | None = None
         # Records merged into another of the same key by keep_newest.
         self.duplicates = 0
+        # Rows walked, once counted; forgotten when rows are added.
+        self._height: int | None = None
         # Whether ``stored`` is loaded, and whether it has rows to look batches up in.
         self.has_stored = False
         self._lookup: list[str] = []
-        # A load of ``stored`` going on beside the walk (load_stored_aside).
-        self._storing: Future[None] | None = None
 
-    def _create(self, memory_limit: str) -> None:
+    def _create(self) -> None:
         config = self.config
-        # One thread while the walk goes on (normalization shares the machine with it).
-        self.connection = duckdb.connect(
-            config={
-                "threads": 1,
-                "memory_limit": memory_limit,
-                "temp_directory": self._tmp.name,
-                # Rows carry their arrival; nothing here depends on the order they are stored
-                # or read in, and keeping it costs memory in every streamed query.
-                "preserve_insertion_order": False,
-                # Never checkpoint. Even in memory, DuckDB checkpoints after 16 MiB of changes,
-                # compressing the row groups (zstd, FSST) on the thread that appends: 2-3 s each
-                # time, at 0.43, 0.68 and 0.94 million rows of a first sync, while the walk
-                # waits (normalizing a million rows took 22.6 s, 15.9 s without). The stage
-                # lives for one sync; uncompressed, it spills.
-                "checkpoint_threshold": "1TB",
-            }
-        )
-        # Timestamps leave DuckDB in UTC whatever the machine's zone; the hash depends on it.
-        self.connection.execute("SET TimeZone = 'UTC'")
         columns = ", ".join(
             f"{_q(name)} {STAGE_TYPES[spec.type]}" for name, spec in config.columns.items()
         )
@@ -149,16 +224,15 @@ class StagedFetch:
         self.close()
 
     def close(self) -> None:
+        """Drop the stage's tables (its database and spill folder are kept for the next sync of
+        this process, or closed and removed); closing twice does nothing."""
         if self._storing is not None:
             # The load reads the warehouse's connection: the caller may use it once this returns.
             with suppress(BaseException):
                 self._storing.result()
-        try:
-            # Absent only when connecting failed.
-            if (connection := getattr(self, "connection", None)) is not None:
-                connection.close()
-        finally:
-            self._tmp.cleanup()
+        database, self._database = self._database, None
+        if database is not None:
+            _give_back(database)
 
     def insert(self, rows: str, connection: duckdb.DuckDBPyConnection) -> None:
         """Add the rows of one normalized batch through ``connection``, this stage's connection
@@ -167,6 +241,7 @@ class StagedFetch:
         # Until the stored keys are in (load_stored_aside), rows are staged whole: one that
         # matches its stored version then costs its payload's room, and the diff, by hash,
         # finds it unchanged all the same. The list is replaced whole, never changed in place.
+        self._height = None
         lookup = self._lookup
         if not lookup:
             connection.execute(sql.load("insert_fetched_records").format(rows=rows))
@@ -229,8 +304,12 @@ class StagedFetch:
         with the latest updated-at (none counts as oldest), else the last in walk order.
         Returns (and keeps in ``duplicates``) how many records were merged away."""
         keys = ", ".join(_q(k) for k in self.config.primary_key)
-        duplicates = self.fetch(f"SELECT count(*) - count(DISTINCT ({keys})) FROM walked")[0][0]
+        walked, distinct = self.fetch(f"SELECT count(*), count(DISTINCT ({keys})) FROM walked")[0]
+        duplicates = walked - distinct
         self.duplicates = duplicates
+        # What ``height`` would count now: one row per key. (A query on the stage costs about
+        # a millisecond, whatever its size: a small sync makes a dozen.)
+        self._height = distinct
         if not duplicates:
             return 0
         newest = f"{_q(self.config.updated_at)} DESC NULLS LAST, " if self.config.updated_at else ""
@@ -262,7 +341,10 @@ class StagedFetch:
 
     @property
     def height(self) -> int:
-        return self.fetch("SELECT count(*) FROM walked")[0][0]
+        """Rows walked (fetched and seen)."""
+        if self._height is None:
+            self._height = self.fetch("SELECT count(*) FROM walked")[0][0]
+        return self._height
 
     def execute(self, statement: str, params: Sequence[Any] = ()) -> None:
         self.connection.execute(statement, list(params))

@@ -113,11 +113,13 @@ class Warehouse(ABC):
             raise
         self.unstage(name)
 
-    def bulk_load(self, table: str, frame: Rows) -> bool:
+    def bulk_load(self, table: str, frame: Rows, *, maybe_empty: bool = True) -> bool:
         """Append ``frame`` to ``table`` (columns matched by name) on a bulk path, if any.
 
         Returns False (and reads nothing) when the backend has none better than ``INSERT ...
         SELECT`` from a staged frame; the caller then writes with SQL. Rows go in frame order.
+        ``maybe_empty=False``: the caller knows the table holds rows, so no path for an empty
+        table is looked for (the rows stored are the same either way).
         """
         return False
 
@@ -340,10 +342,10 @@ class PostgresWarehouse(Warehouse):
     def unstage(self, name: str) -> None:
         self._cur.execute(f"DROP TABLE IF EXISTS pg_temp.{quote(name)}")
 
-    def bulk_load(self, table: str, frame: Rows) -> bool:
+    def bulk_load(self, table: str, frame: Rows, *, maybe_empty: bool = True) -> bool:
         # Binary COPY straight into the table: one pass, where staging would COPY into a
         # temporary table and then INSERT ... SELECT. Text goes into json columns as is.
-        key = self._primary_key_if_empty(table)
+        key = self._primary_key_if_empty(table) if maybe_empty else None
         if key is None:
             self._cur.adbc_ingest(table, _record_batches(frame), mode="append")
             return True

@@ -299,6 +299,12 @@ def apply_sync(
             )
         if not staged.has_stored:
             _load_stored(wh, config, staged, complete=fetched.complete)
+        # Counted once, for both uses below (a query on the stage costs about a millisecond).
+        stored_rows = (
+            staged.fetch("SELECT count(*) FROM stored")[0][0]
+            if fetched.complete or (wh.loads_aside and height)
+            else None
+        )
         # Nothing stored to compare with (a first sync): every fetched row is an insert, and
         # the warehouse may start loading them into the table on its side right away, while
         # the diff and the change log are worked out here. Only with no payload fields known
@@ -306,7 +312,7 @@ def apply_sync(
         first_load = (
             wh.loads_aside
             and height
-            and not staged.fetch("SELECT EXISTS (FROM stored)")[0][0]
+            and not stored_rows
             and not wh.fetch(render("select_source_fields", wh.dialect), (config.owner,))
         )
         with _loading_aside(wh, config, staged) if first_load else nullcontext(False) as aside:
@@ -334,10 +340,9 @@ def apply_sync(
         cursor_after = (
             stats.cursor_before if rejected else _next_cursor(stats.cursor_before, staged, config)
         )
-        if fetched.complete:
+        if stored_rows is not None and fetched.complete:
             # The stage holds every stored key already: no second scan of the table.
-            stored = staged.fetch("SELECT count(*) FROM stored")[0][0]
-            stats.row_count = stored + stats.inserted - stats.deleted
+            stats.row_count = stored_rows + stats.inserted - stats.deleted
         elif not previous or previous[0][1] is None:
             stats.row_count = _count(wh, config)
         else:
@@ -590,6 +595,12 @@ def _is_storm(config: SourceBase, stats: SyncStats, previous_rows: int | None) -
     return stats.changed > guard.max_share * previous_rows
 
 
+# Validators a sync writes one statement each; more are staged and inserted at once. Staging
+# is some six statements on PostgreSQL (a temporary table made, filled and dropped), while most
+# sources' walks are a page or two.
+FEW_VALIDATORS = 4
+
+
 def _stored_validators(wh: Warehouse, config: SourceBase) -> dict[str, Validator]:
     rows = wh.fetch(render("select_http_validators", wh.dialect), (config.name,))
     return {
@@ -602,6 +613,13 @@ def _replace_validators(wh: Warehouse, config: SourceBase, fetched: FetchResult)
     # Inside the sync transaction: the validators commit with the rows they describe.
     wh.execute(render("delete_http_validators", wh.dialect), (config.name,))
     if not fetched.validators:
+        return
+    if len(fetched.validators) <= FEW_VALIDATORS:
+        for key, v in fetched.validators.items():
+            wh.execute(
+                render("insert_http_validators", wh.dialect),
+                (config.name, key, v.etag, v.last_modified, v.walk),
+            )
         return
     staged = pl.DataFrame(
         {
@@ -677,7 +695,7 @@ def _write_changes(
             key_join=_key_join(keys, "f", "d"),
         )
         with staged.reader(upserts_query, [staged.synced_at]) as upserts:
-            _write_upserts(wh, config, upserts, evolved)
+            _write_upserts(wh, config, upserts, evolved, maybe_empty=every_row_new)
     _write_change_log(
         wh,
         config,
@@ -706,9 +724,15 @@ def _loading_aside(wh: Warehouse, config: SourceBase, staged: StagedFetch) -> It
 
 
 def _write_upserts(
-    wh: Warehouse, config: SourceBase, upserts: pa.RecordBatchReader, evolved: dict[str, str]
+    wh: Warehouse,
+    config: SourceBase,
+    upserts: pa.RecordBatchReader,
+    evolved: dict[str, str],
+    *,
+    maybe_empty: bool = True,
 ) -> None:
-    """Append the new rows and new versions of ``upserts`` to the source's table."""
+    """Append the new rows and new versions of ``upserts`` to the source's table
+    (``maybe_empty``: see ``Warehouse.bulk_load``)."""
     columns = list(config.columns)
     _append(
         wh,
@@ -716,6 +740,7 @@ def _write_upserts(
         upserts,
         # Evolved columns are computed from the raw payload in SQL; otherwise a bulk path.
         bulk=not evolved,
+        maybe_empty=maybe_empty,
         statement="insert_entity_staged",
         table=quote(config.table),
         columns=", ".join(quote(c) for c in columns),
@@ -726,12 +751,19 @@ def _write_upserts(
 
 
 def _append(
-    wh: Warehouse, target: str, rows: pa.RecordBatchReader, *, bulk: bool, statement: str, **sql
+    wh: Warehouse,
+    target: str,
+    rows: pa.RecordBatchReader,
+    *,
+    bulk: bool,
+    statement: str,
+    maybe_empty: bool = True,
+    **sql,
 ) -> None:
     """Append ``rows`` to table ``target``: on the warehouse's bulk path when ``bulk`` and it
-    has one, otherwise by ``statement`` (``INSERT ... SELECT`` from the rows staged as
-    ``{stage}``)."""
-    if bulk and wh.bulk_load(target, rows):
+    has one (``maybe_empty``: see ``Warehouse.bulk_load``), otherwise by ``statement``
+    (``INSERT ... SELECT`` from the rows staged as ``{stage}``)."""
+    if bulk and wh.bulk_load(target, rows, maybe_empty=maybe_empty):
         return
     with wh.staged(f"cw_{statement}", rows) as stage:
         wh.execute(render(statement, wh.dialect, stage=stage, **sql))
@@ -765,6 +797,8 @@ def _write_change_log(
             change_table,
             log,
             bulk=True,
+            # The log's highest id is past 0: it holds rows, and no check is needed.
+            maybe_empty=first_id == 1,
             statement="insert_changes_staged",
             changes=change_log,
             columns=", ".join(quote(c) for c in columns),

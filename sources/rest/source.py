@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -85,12 +86,31 @@ def request_key(request: PageRequest, secret_params: Iterable[str] = ()) -> str:
     plain = _PLAIN_URL.fullmatch(request.url)
     if plain and not request.params and not secret_params and plain["port"] not in ("80", "443"):
         return request.url
-    url = httpx.URL(request.url)
-    if request.params:
-        url = url.copy_merge_params(request.params)
+    secret = tuple(secret_params)
+    try:
+        # Each value with its type: 1 and True are equal keys, but not equal in a URL.
+        params = tuple((k, type(v), v) for k, v in request.params.items())
+        return _known_request_key(request.url, params, secret)
+    except TypeError:  # a value that is no dict key (a list): worked out each time
+        return _request_key(request.url, request.params, secret)
+
+
+@lru_cache(maxsize=4096)
+def _known_request_key(
+    url: str, params: tuple[tuple[str, type, Any], ...], secret_params: tuple[str, ...]
+) -> str:
+    # Asked twice a page, and again by every sync of the source: httpx's URL parsing costs
+    # about a millisecond each time (bench/profile_alone.py).
+    return _request_key(url, {k: v for k, _, v in params}, secret_params)
+
+
+def _request_key(url: str, params: Mapping[str, Any], secret_params: Iterable[str]) -> str:
+    parsed = httpx.URL(url)
+    if params:
+        parsed = parsed.copy_merge_params(params)
     for name in secret_params:
-        url = url.copy_remove_param(name)
-    return str(url.copy_with(userinfo=b""))
+        parsed = parsed.copy_remove_param(name)
+    return str(parsed.copy_with(userinfo=b""))
 
 
 @dataclass(frozen=True)

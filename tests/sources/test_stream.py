@@ -337,3 +337,34 @@ def test_a_sync_holds_a_few_batches_of_pages_not_the_whole_fetch(
             assert peak < bound, (
                 f"a sync of {fetched_bytes >> 20} MiB of pages peaked at {peak >> 20} MiB"
             )
+
+
+def test_a_stage_is_reused_empty_by_the_next_sync_of_the_process() -> None:
+    """Opening a DuckDB costs more than a small sync's work in it: a closed stage's database
+    serves the next one, with nothing of the last sync left in it and its memory limit back."""
+    from changewatch.sources.staged import MEMORY_LIMIT, StagedFetch, _bytes
+
+    document = page(1, 3)
+    with StreamingNormalizer(source()) as pages:
+        pages.add(document, None)
+        staged, _ = pages.finish(FetchResult(documents=[document]), synced_at=SYNCED_AT)
+        staged.load("stored", staged.arrow("SELECT id FROM fetched"))
+        staged.two_streams()
+        first = staged.connection
+        first.execute("CREATE TEMP TABLE cw_scratch AS SELECT 1 AS a")
+    with StagedFetch(source()) as again:
+        assert again.connection is first
+        names = again.fetch(
+            "SELECT table_name FROM duckdb_tables() WHERE NOT internal UNION ALL "
+            "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY 1"
+        )
+        assert names == [("fetched",), ("seen",), ("walked",)]
+        assert again.fetch("SELECT count(*) FROM walked") == [(0,)]
+        limit = again.fetch("SELECT current_setting('memory_limit')")[0][0]
+        assert abs(_bytes(MEMORY_LIMIT) - _parse_size(limit)) < 0.05 * _bytes(MEMORY_LIMIT)
+
+
+def _parse_size(text: str) -> float:
+    """DuckDB's shown memory limit (``152.5 MiB``) in bytes."""
+    number, unit = text.split()
+    return float(number) * {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
