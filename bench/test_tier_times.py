@@ -1,7 +1,7 @@
-"""Where a test tier's time goes: per-file sums from pytest's JUnit XML, and the two-worker bound.
+"""Where a test tier's time goes: per-file sums from pytest's JUnit XML, and the workers' bound.
 
-The fast tier runs on two xdist workers taking a whole file at a time (`--dist loadfile`), so
-its wall time is at least the larger of (the longest file) and (the summed test-seconds / 2),
+The fast tier runs on four xdist workers taking a whole file at a time (`--dist loadfile`), so
+its wall time is at least the larger of (the longest file) and (the summed test-seconds / 4),
 and what a worker's files add up to decides the end. This reads one or more `--junitxml`
 reports and prints, per file: its tests, its summed seconds (setup + call + teardown, as
 JUnit's `time` counts them) and, where tests/conftest.py recorded it, the CPU seconds the
@@ -58,7 +58,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("reports", nargs="+", help="JUnit XML reports (before, after)")
     parser.add_argument("--top", type=int, default=40, help="files to list, slowest first")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
     runs = [read(p) for p in args.reports]
     names = sorted(
