@@ -70,10 +70,19 @@ def latest_run(dagster_db) -> str:
         return cur.fetchone()[0]
 
 
+def evaluate_watches(wh, config, watches: list) -> None:
+    """Each of ``watches`` over its sources' new changes, without a judge: the evaluations of
+    a batched run, called without Dagster."""
+    from changewatch.evaluators.evaluate import evaluate_watch
+
+    for watch in watches:
+        sources = {n: config.source(n) for n in watch.sources}
+        evaluate_watch(wh, watch, sources, config.filters(watch), judge=None)
+
+
 def measure(args: argparse.Namespace) -> dict:
     import dagster as dg
     from changewatch.channels.outbox import deliver_due
-    from changewatch.evaluators.evaluate import evaluate_watch
     from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, batch_run_config
     from changewatch.pipeline.definitions.build_definitions import (
         SYNC_JOB,
@@ -149,14 +158,7 @@ def measure(args: argparse.Namespace) -> dict:
                     with connect(os.environ["CHANGEWATCH_WAREHOUSE_URL"]) as wh:
                         for source in changed:
                             run_sync(wh, build_source(source))
-                        for watch in watches:
-                            evaluate_watch(
-                                wh,
-                                watch,
-                                {n: config.source(n) for n in watch.sources},
-                                config.filters(watch),
-                                judge=None,
-                            )
+                        evaluate_watches(wh, config, watches)
                         deliver_due(wh, config.channels)
                     return own_cpu() - before + server.cpu_seconds() - server_before
 

@@ -38,6 +38,7 @@ import psycopg2
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_fleet.py beside this file
 
+from bench_batch_cost import evaluate_watches  # noqa: E402
 from bench_fleet import watches_file  # noqa: E402
 from changewatch.sources.demo import DemoAPIServer, DemoTracker  # noqa: E402
 from private_postgres import private_postgres  # noqa: E402
@@ -47,7 +48,6 @@ PHASES = ("sync", "evaluate", "deliver")
 
 def measure(args: argparse.Namespace) -> dict:
     from changewatch.channels.outbox import deliver_due
-    from changewatch.evaluators.evaluate import evaluate_watch
     from changewatch.pipeline.project.watches_file import load_config
     from changewatch.sources import build_source
     from changewatch.warehouse.backends import connect
@@ -81,14 +81,7 @@ def measure(args: argparse.Namespace) -> dict:
                     for source in config.sources:
                         run_sync(wh, build_source(source))
                     marks.append(clock())
-                    for watch in watches:
-                        evaluate_watch(
-                            wh,
-                            watch,
-                            {n: config.source(n) for n in watch.sources},
-                            config.filters(watch),
-                            judge=None,
-                        )
+                    evaluate_watches(wh, config, watches)
                     marks.append(clock())
                     deliver_due(wh, config.channels)
                     marks.append(clock())
