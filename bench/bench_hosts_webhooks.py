@@ -265,10 +265,18 @@ def run(args: argparse.Namespace) -> dict:
             notices = notified_at(d)
             return all(first_notice(x, notices) is not None for x in acked)
 
+        def all_consumed() -> bool:
+            stored = inbox(d)
+            return all(stored.get(x.delivery_id, False) for x in acked)
+
         try:
             d.wait(all_notified, "every acknowledged delivery's notification", limit=args.drain)
+            # A delivery stored after the sync that recorded its change had begun is consumed
+            # by the source's next run, which can come after every notification has.
+            d.wait(all_consumed, "every acknowledged delivery consumed", limit=args.drain)
         except AssertionError as error:
-            print(f"not every delivery notified: {str(error).splitlines()[0]}", flush=True)
+            print(f"not every delivery notified and consumed: {str(error).splitlines()[0]}",
+                  flush=True)  # fmt: skip
         load_after = os.getloadavg()
         notices = notified_at(d)
         unmatched = [x for x in acked if first_notice(x, notices) is None]
