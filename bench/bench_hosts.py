@@ -7,7 +7,9 @@ worker host buys, and what a worker host killed mid-run costs.
    are the bottleneck and the other hosts keep CPU for themselves: with more syncs asked than
    one worker can do, syncs per minute is the workers' capacity. Sources' slots are spread
    over their interval (``--jitter``), so due sources make several runs a minute for the
-   workers to share. Prints syncs per minute, change -> webhook notification p50/p95 (the demo
+   workers to share; ``--concurrency`` runs at once on each worker host (Celery's
+   ``--concurrency``: a second run fills the gap between one run's end and the next one's
+   start). Prints syncs per minute, change -> webhook notification p50/p95 (the demo
    tracker's change to the POST's arrival), the workers' CPU and how often their quota ran
    out, and the control and db hosts' CPU (core-seconds per minute of the window), apart;
    and the load average around each.
@@ -68,7 +70,7 @@ def scaling(workers: int, args: argparse.Namespace) -> dict:
     """One deployment with ``workers`` pinned worker hosts: its figures over the window."""
     with Deployment(
         workers=workers, sources=args.sources, issues=args.issues, interval=args.interval,
-        pin=True, concurrency=1, cpu_quota=args.cpu_quota, jitter=args.jitter,
+        pin=True, concurrency=args.concurrency, cpu_quota=args.cpu_quota, jitter=args.jitter,
         webserver=False,
     ) as d:  # fmt: skip
         # One query, not one per source's table: at hundreds of sources the bench's own polling
@@ -221,6 +223,10 @@ def main() -> None:
         "--cpu-quota", type=float, default=None, help="cores of CPU time per worker host"
     )
     parser.add_argument(
+        "--concurrency", type=int, default=1,
+        help="runs at once per worker host (Celery's --concurrency) in the scaling part",
+    )  # fmt: skip
+    parser.add_argument(
         "--jitter", type=float, default=None, help="spread of slots, s (default: 0.9 interval)"
     )
     args = parser.parse_args()
@@ -233,7 +239,8 @@ def main() -> None:
     quota = f"{args.cpu_quota:g} core" if args.cpu_quota else "no quota"
     print(f"scaling: {args.sources} sources, interval {args.interval:g} s (asked: "
           f"{args.sources * 60 / args.interval:.0f} syncs/min), {args.change:.0%} changing a "
-          f"minute, {args.minutes:g} min window; each worker on its own CPU, {quota}",
+          f"minute, {args.minutes:g} min window; each worker on its own CPU, {quota}, "
+          f"{args.concurrency} run(s) at once",
           flush=True)  # fmt: skip
     results = [scaling(workers, args) for workers in (1, 2)]
     print("workers  syncs/min  changes  notified  p50 s  p95 s  control core-s/min  db core-s/min"
