@@ -27,6 +27,7 @@ from changewatch.pipeline.polling.probe_decisions import Decision, decide, due_p
 from changewatch.pipeline.polling.source_pauses import pause, paused_reasons
 from changewatch.pipeline.polling.sync_triggers import DEMO_API_URL, is_demo_source
 from changewatch.pipeline.project.watches_file import DEFAULT_TICK
+from changewatch.pipeline.triggers.queued_syncs import queued_sources
 from changewatch.sources import SourceConfig
 from changewatch.sources.fleet import is_fleet
 from changewatch.sources.probe import ProbeClients, probe_all, probe_budget
@@ -123,6 +124,10 @@ def sync_sensor(
     Each run carries its sources' schedules in ``POLL_TAG``, which the run writes to
     ``poll_schedule``; a pause or resume is recorded there by a run of ``schedule_job``. ``tick``:
     the least seconds between two evaluations (the watches file's ``polling: tick``).
+
+    A plain source due while a queued run that has not begun already names it is not asked
+    again (pipeline/triggers/queued_syncs.py): that run syncs it, and the queue stays as long
+    as the workers are behind, not longer at every tick.
     """
     pool: list[ProbeClients] = [clients] if clients is not None else []
     stopping = [s.name for s in sources if s.stop.active]
@@ -156,8 +161,19 @@ def sync_sensor(
             asset = dg.AssetKey(tables[source_name])
             pause(context.instance, "source", source_name, reason, asset=asset, now=now)
         by_name = {source.name: source for source in sources}
+        # A plain source already in a queued run gets no second one (its run syncs it when it
+        # begins); a fleet's runs name partitions, so its requests always go.
+        plain = [r.source for r in decision.requests if not is_fleet(by_name[r.source])]
+        waiting = queued_sources(context.instance, plain)
+        if waiting:
+            names = sorted(waiting)
+            more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+            listed = ", ".join(names[:10])
+            context.log.info(f"due, and in a queued run that will sync them: {listed}{more}")
         requests = []
         for request in decision.requests:
+            if request.source in waiting:
+                continue
             source = by_name[request.source]
             slot = due_slot(now, source.interval, jitter_offset(source.name, source.jitter))
             requests.append(

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import dagster as dg
-from changewatch.pipeline.assets.batched_syncs import batch_run_config, batch_sources
+from changewatch.pipeline.assets.batched_syncs import batch_run_config
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.triggers.queued_syncs import queued_sources
 from changewatch.pipeline.triggers.sync_sensors import TRIGGER_TAG
 from changewatch.pipeline.webhooks.webhook_inbox import Inbox, Pending, open_inbox
 from changewatch.pipeline.webhooks.webhook_inbox_postgres import PostgresInbox
@@ -103,23 +104,6 @@ def _digest(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
-# A run in these has not begun its sync, so it covers deliveries stored now.
-_NOT_BEGUN = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED]
-
-
-def _waiting(instance: dg.DagsterInstance, names: Sequence[str]) -> set[str]:
-    """Those of ``names`` with a webhook run queued and not started (one query per tick):
-    a run of one source names it in a tag, a batched run in its config."""
-    if not names:
-        return set()
-    queued = instance.get_runs(dg.RunsFilter(statuses=_NOT_BEGUN, tags={TRIGGER_TAG: "webhook"}))
-    found = set()
-    for run in queued:
-        source = run.tags.get(SOURCE_TAG)
-        found.update([source] if source else batch_sources(run.run_config))
-    return found & set(names)
-
-
 def _batched(batch_job: dg.JobDefinition, requests: Sequence[WebhookRequest]) -> dg.RunRequest:
     """One run of ``batch_job`` syncing the sources of ``requests``, keyed by their keys."""
     keys = sorted(request.run_key for request in requests)
@@ -175,7 +159,9 @@ def webhook_sensor(
             context.log.warning(
                 "webhook deliveries for sources no longer configured: %s", ", ".join(unknown)
             )
-        waiting = _waiting(context.instance, [request.source for request in requests])
+        waiting = queued_sources(
+            context.instance, [request.source for request in requests], {TRIGGER_TAG: "webhook"}
+        )
         for request in requests:
             if request.source in waiting:
                 context.log.info(

@@ -18,7 +18,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, BATCH_OP
+from changewatch.pipeline.assets.batched_syncs import BATCH_JOB, BATCH_OP, batch_run_config
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
 from changewatch.pipeline.definitions.build_definitions import (
     SYNC_JOB,
@@ -237,6 +237,37 @@ def test_probe_false_syncs_at_every_slot_without_a_request(tmp_path, instance, c
     assert keys(sensor.tick()) == {"alpha": f"alpha:{slot}"}
     assert keys(sensor.tick(START + INTERVAL)) == {"alpha": f"alpha:{slot + 1}"}
     assert one.stats()["requests"] == 0
+
+
+def test_a_source_waiting_in_a_queued_run_is_not_asked_again(tmp_path, instance, clients, apis):
+    one, two = apis
+    sources = [source("alpha", one.url, probe=False), source("beta", two.url, probe=False)]
+    sensor = Sensor(write(tmp_path / "w.yaml", sources), instance, clients)
+    first = {r.tags[SOURCE_TAG]: r for r in sensor.tick()}
+    assert set(first) == {"alpha", "beta"}
+    # alpha's run waits for a worker (the daemon's queue: not begun), and beta's ran.
+    queued = instance.create_run_for_job(
+        sensor.defs.resolve_job_def(SYNC_JOB),
+        status=dg.DagsterRunStatus.NOT_STARTED,
+        tags=first["alpha"].tags,
+    )
+    slot = due_slot(START, INTERVAL)
+    # The next slot: alpha's queued run will sync it when it begins, so only beta is asked.
+    assert keys(sensor.tick(START + INTERVAL)) == {"beta": f"beta:{slot + 1}"}
+    # A batched run waiting names its sources in its config: beta waits in one now.
+    batched = instance.create_run_for_job(
+        sensor.defs.resolve_job_def(BATCH_JOB),
+        run_config=batch_run_config(["beta"]),
+        status=dg.DagsterRunStatus.NOT_STARTED,
+    )
+    assert sensor.tick(START + 2 * INTERVAL) == []
+    # Once begun (here: gone), each is asked again at its next slot.
+    instance.delete_run(queued.run_id)
+    instance.delete_run(batched.run_id)
+    assert keys(sensor.tick(START + 3 * INTERVAL)) == {
+        "alpha": f"alpha:{slot + 3}",
+        "beta": f"beta:{slot + 3}",
+    }
 
 
 def run(defs: dg.Definitions, request: dg.RunRequest, instance: dg.DagsterInstance) -> None:
