@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -162,6 +163,15 @@ class MailSink:
         self.controller.stop()
 
 
+@dataclass(frozen=True)
+class Served:
+    """One source's demo tracker, and the API address and path it is served at."""
+
+    tracker: DemoTracker
+    url: str
+    path: str
+
+
 class Deployment:
     """The hosts, their services, and handles to look at them from the ``control`` host."""
 
@@ -211,14 +221,21 @@ class Deployment:
             self.workers = [self.net.add(f"worker{i + 1}") for i in range(self.n_workers)]
             self.api = self.net.add("api")
             self.start_postgres()
-            self.trackers = {}
+            # One demo API on the api host serves every source's tracker, each a repository
+            # of its own: a server (and a thread polling for shutdown) per source took a core
+            # of the bench's process by itself at 2,000 sources.
+            trackers = [
+                DemoTracker(issues=self.issues, seed=i, repo=f"acme/tracker-{i}")
+                for i in range(self.n_sources)
+            ]
             with self.api.entered():
-                for i in range(self.n_sources):
-                    server = DemoAPIServer(
-                        DemoTracker(issues=self.issues, seed=i), host=self.api.address
-                    )
-                    self.trackers[f"tracker_{i}"] = server.start()
-                    self.stack.callback(server.stop)
+                api = DemoAPIServer(trackers[0], host=self.api.address, more=trackers[1:])
+                api.start()
+            self.stack.callback(api.stop)
+            self.trackers = {
+                f"tracker_{i}": Served(t, api.url, f"/repos/{t.repo}/issues")
+                for i, t in enumerate(trackers)
+            }
             self.sink = WebhookSink(self.api)
             self.stack.callback(self.sink.close)
             if self.email:
@@ -315,6 +332,7 @@ class Deployment:
             demo_source_settings(
                 server.url,
                 COLUMNS,
+                path=server.path,
                 name=name,
                 table=name,
                 sync="snapshot",
