@@ -204,15 +204,14 @@ class StagedFetch:
         columns = ", ".join(
             f"{_q(name)} {STAGE_TYPES[spec.type]}" for name, spec in config.columns.items()
         )
-        self.connection.execute(
-            f"CREATE TABLE fetched ({columns}, {HASH_COLUMN} VARCHAR, {RAW_COLUMN} VARCHAR, "
-            f"{RAW_HASH_COLUMN} BIGINT, _arrival BIGINT)"
-        )
         kept = [*config.primary_key, *([config.updated_at] if config.updated_at else [])]
         self._kept = ", ".join(_q(c) for c in kept)
         seen = ", ".join(f"{_q(c)} {STAGE_TYPES[config.columns[c].type]}" for c in kept)
-        self.connection.execute(f"CREATE TABLE seen ({seen}, _arrival BIGINT)")
+        # One call (each costs a call's overhead, and a small sync makes a dozen).
         self.connection.execute(
+            f"CREATE TABLE fetched ({columns}, {HASH_COLUMN} VARCHAR, {RAW_COLUMN} VARCHAR, "
+            f"{RAW_HASH_COLUMN} BIGINT, _arrival BIGINT); "
+            f"CREATE TABLE seen ({seen}, _arrival BIGINT); "
             f"CREATE VIEW walked AS SELECT {self._kept}, _arrival FROM fetched "
             f"UNION ALL SELECT {self._kept}, _arrival FROM seen"
         )

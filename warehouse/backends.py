@@ -167,6 +167,12 @@ class Warehouse(ABC):
     def close(self) -> None:
         """Close the connection."""
 
+    def reset(self) -> bool:
+        """Make this connection as good as new for another job (``warehouse.connection_pool``):
+        no transaction left open, no session lock held. False when it cannot be (it is then
+        to be closed); backends that are never reused say False."""
+        return False
+
     @property
     def tables_key(self) -> str | None:
         """What names this warehouse's tables for a process-wide memo of the DDL already
@@ -288,6 +294,9 @@ class PostgresWarehouse(Warehouse):
         self._on_rollback: list[Callable[[], None]] = []
         # Work to do once the current transaction has committed (see after_commit).
         self._on_commit: list[Callable[[], None]] = []
+        # Session locks taken by try_hold and not yet released (a connection holding one is
+        # not reused: see reset).
+        self._held: set[str] = set()
         uri, schema = _split_schema(url)
         try:
             # A read-only session is a person's query (`changewatch sql`): the server's
@@ -476,6 +485,8 @@ class PostgresWarehouse(Warehouse):
             row = self.fetch(
                 "SELECT pg_try_advisory_lock(hashtextextended($1, 0))", (self._lock_id(key),)
             )
+        if row[0][0]:
+            self._held.add(key)
         return bool(row[0][0])
 
     def release(self, key: str) -> None:
@@ -483,6 +494,20 @@ class PostgresWarehouse(Warehouse):
             self.execute(
                 "SELECT pg_advisory_unlock(hashtextextended($1, 0))", (self._lock_id(key),)
             )
+        self._held.discard(key)
+
+    def reset(self) -> bool:
+        # A read outside transaction() leaves one open (ADBC is not in autocommit): ended
+        # here, so an idle connection holds no snapshot or lock. Temporary tables are staged
+        # for one block and dropped after it (Warehouse.staged); a block that failed closed
+        # its connection instead of giving it back.
+        if self._held or self._on_commit or self._on_rollback:
+            return False
+        try:
+            self._con.rollback()
+        except Exception:  # noqa: BLE001 - a connection in doubt is closed, not reused
+            return False
+        return True
 
     @property
     def tables_key(self) -> str:

@@ -20,6 +20,10 @@ another, in the one-slot ``warehouse`` pool (a DuckDB file admits one writing pr
 source whose sync fails or skips does not stop the others: its checks are reported, the
 watches over it wait for the next run (their changes stay unread), and the step fails at the
 end with one line per failed source, as the asset job's run failed with its failed steps.
+
+The step's jobs hand their warehouse connections on to each other (warehouse/connection_pool.py):
+on PostgreSQL a changed source no longer opens a session for its sync and another for its
+evaluation, each a server process started and warmed, as its own asset steps did.
 """
 
 # No `from __future__ import annotations` here: Dagster reads the op function's annotations
@@ -46,6 +50,7 @@ from changewatch.pipeline.project.warehouse_resource import (
     warehouse_pool,
 )
 from changewatch.pipeline.project.watches_file import ChangewatchConfig
+from changewatch.warehouse.connection_pool import ConnectionPool
 
 __all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batch_sources", "batched_sync_job"]
 
@@ -108,7 +113,10 @@ def batched_sync_job(
         polled = {POLL_TAG: config.poll_schedule}
         failed: dict[str, str] = {}
         synced: set[str] = set()
-        with ThreadPoolExecutor(workers, thread_name_prefix="changewatch-batch") as pool:
+        with (
+            _PooledWarehouse(warehouse, workers) as warehouse,
+            ThreadPoolExecutor(workers, thread_name_prefix="changewatch-batch") as pool,
+        ):
 
             def sync(name: str) -> tuple[str, list, Exception | None]:
                 return name, *_collect(
@@ -144,9 +152,9 @@ def batched_sync_job(
                 yield from _report(context, evaluation_asset_name(by_watch[name]), events)
                 if error is not None:
                     failed[f"watch {name}"] = redact(first_line(error))
-        if watches:
-            result = delivery_result(watches_file, by_name, context, warehouse)
-            yield from _report(context, NOTIFICATIONS_ASSET, [result])
+            if watches:
+                result = delivery_result(watches_file, by_name, context, warehouse)
+                yield from _report(context, NOTIFICATIONS_ASSET, [result])
         if failed:
             lines = [f"{name}: {why}" for name, why in sorted(failed.items())]
             raise dg.Failure(
@@ -168,6 +176,27 @@ def batched_sync_job(
         _batch()
 
     return _job
+
+
+class _PooledWarehouse:
+    """The step's ``WarehouseResource`` as its jobs see it: ``connect`` takes a connection the
+    last job gave back, if any (warehouse/connection_pool.py); one per thread at most is kept."""
+
+    def __init__(self, resource: WarehouseResource, threads: int) -> None:
+        self._resource = resource
+        self._pool = ConnectionPool(resource.url, size=threads)
+
+    def connect(self):
+        return self._pool.connect()
+
+    def describe(self) -> str:
+        return self._resource.describe()
+
+    def __enter__(self) -> "_PooledWarehouse":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.close()
 
 
 def _collect(produce: Callable[[], Iterable]) -> tuple[list, Exception | None]:

@@ -7,6 +7,7 @@ import random
 import socket
 from email.utils import formatdate
 
+import httpx
 import pytest
 from apiserver import ApiServer, Reply
 from changewatch.sources.errors import FetchError
@@ -180,11 +181,17 @@ def test_logs_never_show_query_strings(api, caplog):
     assert logging.getLogger("httpcore").level == logging.WARNING
 
 
-def test_client_closes_its_pool():
-    client = HttpClient()
-    with client:
+def test_client_closes_its_own_pool_and_leaves_the_shared_one_open():
+    # A client given a transport has a pool of its own; without one, the process's shared
+    # pool (tests/sources/test_http_shared.py), which outlives it for the next sync's client.
+    own = HttpClient(transport=httpx.HTTPTransport())
+    with own:
         pass
-    assert client._client.is_closed
+    assert own._client.is_closed
+    with HttpClient() as first:
+        pass
+    with HttpClient() as second:
+        assert second._client is first._client and not second._client.is_closed
 
 
 @pytest.mark.parametrize(
