@@ -215,6 +215,9 @@ def local(k: int, examples: Path, results: Path) -> None:
     eval --model local --resume`: a run cut short carries on), then the cascade's rest is
     answered from those verdicts. A child, so that the model crashing is one line here: on
     2026-11-29 llama.cpp as built into the learn venv segfaulted in its first decode."""
+    # Absolute: the child runs in a temporary folder, and a relative path would be written
+    # there and deleted with it (nothing read here, nothing to resume).
+    results, examples = results.resolve(), examples.resolve()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))}
     with tempfile.TemporaryDirectory() as folder:
         shutil.copy(REPO / "watches.yaml", folder)
@@ -233,7 +236,13 @@ def local(k: int, examples: Path, results: Path) -> None:
                  f"{done.stderr.strip()[-400:] or 'nothing on stderr'}")
     from changewatch.evaluators.eval_results import read_results
 
-    verdicts = {r.example: r for r in read_results(results)}
+    # This file's results by the bundled model (the results file may hold other files' and
+    # models'), the newest of each example.
+    verdicts = {
+        r.example: r
+        for r in read_results(results)
+        if r.condition == examples.stem and r.model.startswith("local:")
+    }
     file = load_examples_file(examples)
     latencies = sorted(r.latency_ms for r in verdicts.values())
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
