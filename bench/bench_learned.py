@@ -29,7 +29,7 @@ Three parts, each optional (``--parts``):
   extra) answering the rest: it judges every change of the files once, in a child process
   (``changewatch eval --model local --resume``, verdicts kept in ``--local-results``), and the
   cascade's questions are answered from those verdicts (the verdict cache's rule: same change,
-  same model, same verdict), since one verdict took 4-49 s here (2026-11-29). Printed per
+  same model, same verdict), since one verdict took 2-49 s here (2026-11-29). Printed per
   file: the model alone (precision, recall, F1, its time a verdict) and the cross-validation
   table; for the run, the child's CPU seconds.
 
