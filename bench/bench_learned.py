@@ -24,12 +24,14 @@ Three parts, each optional (``--parts``):
   alone). The real judge path (openai client, HTTP, the verdict's JSON) answers each question.
   It checks that the server got exactly as many requests as the table says were sent to the
   LLM, and prints the table, the requests and the child's CPU seconds.
-- ``local``: the same cross-validation on one examples file (``--local-examples``) with the
-  bundled model (``model: local``, the ``[local]`` extra) answering the rest: it judges every
-  change of the file once, in a child process (``changewatch eval --model local --resume``,
-  verdicts kept in ``--local-results``), and the cascade's questions are answered from those
-  verdicts (the verdict cache's rule: same change, same model, same verdict), since one
-  verdict takes 10-40 s on this machine.
+- ``local``: the same cross-validation on examples files (``--local-examples``, repeatable;
+  default ``evals/prices.yaml``) with the bundled model (``model: local``, the ``[local]``
+  extra) answering the rest: it judges every change of the files once, in a child process
+  (``changewatch eval --model local --resume``, verdicts kept in ``--local-results``), and the
+  cascade's questions are answered from those verdicts (the verdict cache's rule: same change,
+  same model, same verdict), since one verdict took 2-49 s here (2026-11-29). Printed per
+  file: the model alone (precision, recall, F1, its time a verdict) and the cross-validation
+  table; for the run, the child's CPU seconds.
 
 Run from the repository root with the ``[learn]`` extra (``[learn,local]`` for ``local``)::
 
@@ -40,6 +42,7 @@ Run from the repository root with the ``[learn]`` extra (``[learn,local]`` for `
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -210,19 +213,28 @@ def wire(k: int) -> None:
         print(format_rows(rows))
 
 
-def local(k: int, examples: Path, results: Path) -> None:
-    """The bundled model judges every change of ``examples`` in a child process (`changewatch
-    eval --model local --resume`: a run cut short carries on), then the cascade's rest is
-    answered from those verdicts. A child, so that the model crashing is one line here: on
-    2026-11-29 llama.cpp as built into the learn venv segfaulted in its first decode."""
+def local(k: int, paths: list[Path], results: Path) -> None:
+    """The bundled model judges every change of each examples file in ``paths`` in a child
+    process (`changewatch eval --model local --resume`: a run cut short carries on), then the
+    cascade's rest is answered from those verdicts. A child, so that the model crashing is one
+    line here: on 2026-11-29 llama.cpp built natively into the learn venv segfaulted in its
+    first decode."""
+    from changewatch.evaluators.eval_results import read_results
+
+    # Absolute: the child runs in a temporary folder, and a relative path would be read there,
+    # written into the folder and deleted with it (nothing to read here, nothing to resume).
+    results = results.resolve()
+    paths = [path.resolve() for path in paths]
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("CHANGEWATCH_", "DAG"))}
+    before_run = {(r.condition, r.example) for r in _local_results(read_results(results))}
     with tempfile.TemporaryDirectory() as folder:
         shutil.copy(REPO / "watches.yaml", folder)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "changewatch.pipeline.cli", "eval", "--model", "local",
-             "--examples", str(examples), "--results", str(results), "--resume"],
+             *[arg for path in paths for arg in ("--examples", str(path))],
+             "--results", str(results), "--resume"],
             cwd=folder, env=environ | {"DAGSTER_HOME": folder}, capture_output=True, text=True,
             check=False,
         )
@@ -231,29 +243,80 @@ def local(k: int, examples: Path, results: Path) -> None:
     if done.returncode not in (0, 1):  # 1: a model below a bar, or one that never answered
         sys.exit(f"bench_learned: the local eval failed (exit {done.returncode}): "
                  f"{done.stderr.strip()[-400:] or 'nothing on stderr'}")
-    from changewatch.evaluators.eval_results import read_results
-
-    verdicts = {r.example: r for r in read_results(results)}
-    file = load_examples_file(examples)
-    latencies = sorted(r.latency_ms for r in verdicts.values())
+    found = _local_results(read_results(results))
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    print(f"local model on {examples.name}: {len(verdicts)} of {len(file.examples)} changes "
-          f"judged, median {latencies[len(latencies) // 2] / 1000:.1f} s a verdict; this run "
-          f"{wall:.0f} s wall, {cpu:.0f} CPU s, load {_load():.1f}")
+    judged = len({(r.condition, r.example) for r in found} - before_run)
+    print(f"local model: {judged} change(s) judged by this run, {wall:.0f} s wall, {cpu:.0f} "
+          f"CPU s of the child ({cpu / judged if judged else 0:.1f} CPU s a verdict), "
+          f"load {_load():.1f}; results in {results}")
+    for path in paths:
+        file = load_examples_file(path)
+        # The newest result of each example of this file (a results file may hold others').
+        verdicts = {r.example: r for r in found if r.condition == path.stem}
+        labels = [e.label(i) for i, e in enumerate(file.examples)]
+        missing = [label for label in labels if label not in verdicts]
+        if missing:
+            sys.exit(f"bench_learned: {path.name}: no verdict for {len(missing)} change(s), "
+                     f"{missing[0]!r} first (run again: --resume carries on)")
+        mine = [verdicts[label] for label in labels]
+        latencies = sorted(r.latency_ms for r in mine)
+        # As the cascade takes them (eval's --cross-validate too): no verdict is skip.
+        said = [r.got == "notify" for r in mine]
+        actual = [e.expect == "notify" for e in file.examples]
+        tp = sum(s and a for s, a in zip(said, actual, strict=True))
+        fp, fn = sum(said) - tp, sum(actual) - tp
+        precision = tp / (tp + fp) if tp + fp else None
+        recall = tp / (tp + fn) if tp + fn else None
+        f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else None
+        print(f"\n{path.name}: the local model alone on its {len(mine)} changes: P/R/F1 "
+              f"{_f(precision)}/{_f(recall)}/{_f(f1)} (notify said to {sum(said)}, no verdict "
+              f"for {sum(r.got is None for r in mine)}); median "
+              f"{latencies[len(latencies) // 2] / 1000:.1f} s, longest "
+              f"{latencies[-1] / 1000:.1f} s a verdict")
 
-    def ask(example: Any) -> bool:
-        index = file.examples.index(example)
-        return verdicts[example.label(index)].got == "notify"
+        spent: list[int] = []  # the verdicts' latencies, ms, in the order they were asked
 
-    print(format_rows(cross_validate(examples.stem, file.watch or examples.stem,
-                                     file.examples, k, ask, condition=file.condition)))
+        def ask(example: Any, file: Any = file, verdicts: Any = verdicts,
+                spent: list[int] = spent) -> bool:
+            result = verdicts[example.label(file.examples.index(example))]
+            spent.append(result.latency_ms)
+            return result.got == "notify"
+
+        rows = cross_validate(path.stem, file.watch or path.stem, file.examples, k, ask,
+                              condition=file.condition)
+        print(format_rows(_as_asked(rows, spent, len(file.examples))))
+
+
+def _as_asked(rows: list[Row], spent: list[int], changes: int) -> list[Row]:
+    """``rows`` with each cascade's LLM time as the model took it when it judged the changes
+    that cascade asked about (their recorded latencies), not the time to look them up here."""
+    out, start = [], 0
+    for row in rows:
+        if row.stage == "cascade":
+            taken = spent[start:start + row.asked]
+            start += row.asked
+            row = dataclasses.replace(
+                row, ms=row.ms + sum(taken) / changes,
+                llm_ms=sum(taken) / len(taken) if taken else None,
+            )
+        out.append(row)
+    assert start == len(spent), (start, len(spent))
+    return out
+
+
+def _local_results(results: list[Any]) -> list[Any]:
+    """The bundled model's results (``local:<file>@<hash>``), not another model's."""
+    return [r for r in results if r.model.startswith("local:")]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="variants,wire", help="variants, margins, wire, local")
     parser.add_argument("--folds", type=int, default=5)
-    parser.add_argument("--local-examples", type=Path, default=EVALS / "prices.yaml")
+    parser.add_argument(
+        "--local-examples", type=Path, action="append",
+        help="an examples file for --parts local (repeat for several; default: evals/prices.yaml)",
+    )
     parser.add_argument(
         "--local-results", type=Path, default=Path(".changewatch") / "bench-learned-local.jsonl",
         help="the local model's verdicts, kept between runs (--resume)",
@@ -270,7 +333,7 @@ def main() -> None:
     if "wire" in parts:
         wire(args.folds)
     if "local" in parts:
-        local(args.folds, args.local_examples, args.local_results)
+        local(args.folds, args.local_examples or [EVALS / "prices.yaml"], args.local_results)
 
 
 if __name__ == "__main__":
