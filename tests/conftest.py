@@ -28,9 +28,10 @@ from cw_testing import PG_URL, REPO
 collect_ignore = [] if local_model.available() else ["local"]
 # tests/learn likewise needs the `[learn]` extra (torch, sentence-transformers, scikit-learn):
 # .ci/run runs it in a venv with that extra.
-if importlib.util.find_spec("sklearn") is None or importlib.util.find_spec(
-    "sentence_transformers"
-) is None:
+if (
+    importlib.util.find_spec("sklearn") is None
+    or importlib.util.find_spec("sentence_transformers") is None
+):
     collect_ignore.append("learn")
 
 
@@ -45,8 +46,9 @@ _CPU_AT_SETUP = pytest.StashKey[float]()
 
 def _cpu_s() -> float:
     """CPU seconds of this worker (all its threads) and of the children it has waited for."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-        resource.RUSAGE_CHILDREN
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
     )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
@@ -69,18 +71,27 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
             item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_SETUP], 3)))
 
 
-
 @pytest.fixture(params=["duckdb", "postgres"])
 def warehouse_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty warehouse URL on each backend."""
     if request.param == "duckdb":
         yield f"duckdb:///{tmp_path / 'warehouse.duckdb'}"
         return
+    yield from _fresh_pg_schema()
+
+
+def _fresh_pg_schema() -> Iterator[str]:
     schema = f"cw_test_{uuid.uuid4().hex[:12]}"
     yield f"{PG_URL}?schema={schema}"
     with adbc.connect(PG_URL) as con, con.cursor() as cur:
         cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         con.commit()
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh PostgreSQL schema's warehouse URL, dropped afterwards."""
+    yield from _fresh_pg_schema()
 
 
 @pytest.fixture

@@ -22,13 +22,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-import adbc_driver_postgresql.dbapi as adbc
 import dagster as dg
 import httpx
 import psycopg2
@@ -53,15 +51,6 @@ CHANGEWATCH = BIN / "changewatch"
 # The sync sensor's minimum interval (pipeline/triggers/sync_sensors.py): the daemon's first tick
 # may wait it.
 SENSOR_INTERVAL_S = 30
-
-
-@pytest.fixture
-def pg_warehouse() -> Iterator[str]:
-    schema = f"cw_test_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with adbc.connect(PG_URL) as con, con.cursor() as cur:
-        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        con.commit()
 
 
 def serve(stack: ExitStack, names: list[str]) -> dict[str, DemoAPIServer]:
@@ -256,7 +245,7 @@ def check_warehouse(url: str, lines_path: Path, expected: dict[str, dict[str, se
 
 
 def test_eight_sources_sync_at_once_on_postgres_with_no_conflict_or_duplicate(
-    tmp_path, trackers, pg_warehouse, dagster_db
+    tmp_path, trackers, pg_url, dagster_db
 ):
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -266,7 +255,7 @@ def test_eight_sources_sync_at_once_on_postgres_with_no_conflict_or_duplicate(
         "DAGSTER_HOME": str(home),
         "DAGSTER_PG_URL": dagster_db,
         "CHANGEWATCH_CONFIG": str(config),
-        "CHANGEWATCH_WAREHOUSE_URL": pg_warehouse,
+        "CHANGEWATCH_WAREHOUSE_URL": pg_url,
     }
     # The deployment's one-off step (the compose file's `init`): every sync job ends in the
     # delivery pool, and Dagster's first use of a pool inserts its limit, which two processes
@@ -279,7 +268,7 @@ def test_eight_sources_sync_at_once_on_postgres_with_no_conflict_or_duplicate(
         name: {"insert": {issue["number"] for issue in server.tracker.snapshot()}}
         for name, server in trackers.items()
     }
-    assert check_warehouse(pg_warehouse, tmp_path / "notifications.jsonl", expected) == 8
+    assert check_warehouse(pg_url, tmp_path / "notifications.jsonl", expected) == 8
 
     # Every tracker changes, then all sync at once again: only the new changes, once each.
     for name, server in trackers.items():
@@ -288,7 +277,7 @@ def test_eight_sources_sync_at_once_on_postgres_with_no_conflict_or_duplicate(
         expected[name]["update"] = set(done["updated"])
         expected[name]["delete"] = set(done["deleted"])
     sync_all_at_once(env, tmp_path)
-    assert check_warehouse(pg_warehouse, tmp_path / "notifications.jsonl", expected) == 16
+    assert check_warehouse(pg_url, tmp_path / "notifications.jsonl", expected) == 16
 
     # The runs are in the shared Dagster instance, one per process and round.
     plain = dagster_db.replace("postgresql+psycopg2://", "postgresql://")
@@ -510,7 +499,7 @@ def local(command: list[str], **options: str) -> list[str]:
 
 
 def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
-    tmp_path, monkeypatch, dagster_db, pg_warehouse, two_trackers
+    tmp_path, monkeypatch, dagster_db, pg_url, two_trackers
 ):
     trackers = two_trackers
     home = tmp_path / "home"
@@ -523,7 +512,7 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
         "DAGSTER_HOME": str(home),
         "DAGSTER_PG_URL": dagster_db,
         "CHANGEWATCH_CONFIG": str(config),
-        "CHANGEWATCH_WAREHOUSE_URL": pg_warehouse,
+        "CHANGEWATCH_WAREHOUSE_URL": pg_url,
         "CHANGEWATCH_CODE_HOST": "127.0.0.1",
         "CHANGEWATCH_CODE_PORT": str(code_port),
     }
@@ -572,7 +561,7 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
         assert b"MALLOC_ARENA_MAX=2" in daemon_env
         code_env = Path(f"/proc/{procs['code'].pid}/environ").read_bytes().split(b"\0")
         assert b"MALLOC_ARENA_MAX=2" not in code_env  # from the daemon's command, not ours
-        with gate(pg_warehouse, list(trackers)) as waiting:
+        with gate(pg_url, list(trackers)) as waiting:
             # The daemon's sensor finds both sources due at one tick and requests one batched
             # run (its first tick may come a sensor interval later); the run queue launches it
             # through the code server, and its two syncs, on threads of the run's process
@@ -594,11 +583,9 @@ def test_code_server_webserver_and_daemon_run_a_batch_whose_syncs_overlap(
             wait_working(finished, pids=pids, limit=3 * started + STALL_S, what="the batch run")
             (run,) = instance.get_runs()
             # The batch's one step (pipeline/assets/batched_syncs.py).
-            assert (run.job_name, run.status) == (BATCH_JOB, dg.DagsterRunStatus.SUCCESS), (
-                alive()
-            )
+            assert (run.job_name, run.status) == (BATCH_JOB, dg.DagsterRunStatus.SUCCESS), alive()
             assert run.tags["changewatch/batch_size"] == str(len(trackers))
-    with connect(pg_warehouse) as wh:
+    with connect(pg_url) as wh:
         for name, server in trackers.items():
             assert wh.fetch(f'SELECT count(*) FROM "{name}_changes"') == [(len(server.tracker),)]
 

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,15 +23,6 @@ RECORDS = [{"id": i, "title": f"item {i}"} for i in range(5)]
 # Bounds a broken test waits for, never a guess at how long the work takes: each is hit
 # only when something hangs.
 HANG = 300
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    schema = f"cw_test_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with adbc.connect(PG_URL) as con, con.cursor() as cur:
-        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        con.commit()
 
 
 @pytest.fixture

@@ -3,30 +3,16 @@ is handed from one job to the next only as good as new; anything in doubt is clo
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import adbc_driver_postgresql.dbapi as adbc
 import pytest
 from changewatch.warehouse.backends import connect
 from changewatch.warehouse.connection_pool import ConnectionPool
 from changewatch.warehouse.sync_lock import sync_lock
-from cw_testing import PG_URL
 
 
 def backend_pid(wh) -> int:
     return wh.fetch("SELECT pg_backend_pid()")[0][0]
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL schema's warehouse URL."""
-    schema = f"cw_test_{uuid.uuid4().hex[:12]}"
-    yield f"{PG_URL}?schema={schema}"
-    with adbc.connect(PG_URL) as con, con.cursor() as cur:
-        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        con.commit()
 
 
 def test_jobs_one_after_another_share_one_session(pg_url: str) -> None:

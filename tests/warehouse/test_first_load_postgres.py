@@ -5,8 +5,6 @@ left behind when it fails."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -38,15 +36,6 @@ DEFINITION = {
     "comment": "SELECT obj_description('issues'::regclass, 'pg_class')",
     "views": "SELECT viewname FROM pg_views WHERE schemaname = current_schema()",
 }
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL schema's URL, dropped afterwards."""
-    schema = f"cw_load_{uuid.uuid4().hex[:10]}"
-    yield f"{PG_URL}?schema={schema}"
-    with connect(PG_URL) as wh, wh.transaction():
-        wh.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def prepared(url: str, api: DemoAPIServer, *statements: str) -> PostgresWarehouse:
