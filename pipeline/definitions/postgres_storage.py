@@ -6,7 +6,9 @@ one for every event it writes, and the daemon more at every queue pass and senso
 This storage is Dagster's own with the pooling the webserver uses
 (``optimize_for_webserver``: one connection kept per storage, more opened while needed) for
 runs and event logs, which take nearly all the queries, so the daemon, the code server and
-every run reuse theirs. deploy/dagster.yaml selects it::
+every run reuse theirs. A kept connection is pinged before use and a new one waits up to a
+minute for the database, so a restart of the db host costs no event written meanwhile
+(dagster-postgres gives up after about 11 s). deploy/dagster.yaml selects it::
 
     storage:
       custom:
@@ -18,15 +20,24 @@ every run reuse theirs. deploy/dagster.yaml selects it::
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
+import sqlalchemy.exc
 from dagster._core.storage.base_storage import DagsterStorage
 from dagster._serdes import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
 from dagster_postgres.event_log import PostgresEventLogStorage
 from dagster_postgres.run_storage import PostgresRunStorage
 from dagster_postgres.schedule_storage import PostgresScheduleStorage
-from dagster_postgres.utils import get_token_provider_from_config, pg_url_from_config
+from dagster_postgres.utils import (
+    create_pg_engine,
+    get_token_provider_from_config,
+    pg_url_from_config,
+)
+from sqlalchemy.engine import Connection
 
 if TYPE_CHECKING:
     from dagster_postgres.auth import PgTokenProvider
@@ -38,15 +49,50 @@ POOL_RECYCLE_S = 3600
 # Connections a process may open beyond the kept one while threads use the storage at once
 # (the daemon's threads, a run's sync threads); closed when returned.
 MAX_OVERFLOW = 20
+# Seconds a query waits for the database to come back before it fails: a restart of the db
+# host (seconds to tens of seconds) must not lose a step's failure or a run's end, which are
+# written while it is down. dagster-postgres gives up after about 11 s (5 tries).
+PATIENCE_S = 60.0
+RETRY_CAP_S = 2.0
 
 
 class _Pooled:
-    """Mixed into a dagster-postgres storage: the webserver's pooling, closed on dispose."""
+    """Mixed into a dagster-postgres storage: the webserver's pooling, closed on dispose, and
+    connections that outlive a restart of the database."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # statement_timeout 0: none, as without the pool.
-        self.optimize_for_webserver(0, POOL_RECYCLE_S, MAX_OVERFLOW)
+        # The webserver's pool (optimize_for_webserver), with each kept connection pinged
+        # when taken: after a restart of the database it is dead, and without the ping the
+        # first query of each process would fail on it (tests/hosts, the db host restarted).
+        options = self._engine.url.query.get("options")
+        self._engine = create_pg_engine(
+            self.postgres_url,
+            self._token_provider,
+            isolation_level="AUTOCOMMIT",
+            pool_size=1,
+            pool_recycle=POOL_RECYCLE_S,
+            max_overflow=MAX_OVERFLOW,
+            pool_pre_ping=True,
+            **({"connect_args": {"options": options}} if options else {}),
+        )
+
+    @contextmanager
+    def _patient_connection(self) -> Iterator[Connection]:
+        """A connection of the pool, waiting up to PATIENCE_S for the database."""
+        deadline = time.monotonic() + PATIENCE_S
+        delay = 0.2
+        while True:
+            try:
+                conn = self._engine.connect()
+                break
+            except sqlalchemy.exc.OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_CAP_S)
+        with conn:
+            yield conn
 
     def dispose(self) -> None:
         # The instance disposes its run and event storages when it closes (the code server
@@ -56,11 +102,13 @@ class _Pooled:
 
 
 class _PooledRunStorage(_Pooled, PostgresRunStorage):
-    pass
+    def connect(self) -> AbstractContextManager[Connection]:
+        return self._patient_connection()
 
 
 class _PooledEventLogStorage(_Pooled, PostgresEventLogStorage):
-    pass
+    def _connect(self) -> AbstractContextManager[Connection]:
+        return self._patient_connection()
 
 
 class PooledPostgresStorage(DagsterPostgresStorage):

@@ -453,6 +453,11 @@ def test_deploy_dagster_yaml_is_an_instance_on_postgres(tmp_path, monkeypatch, d
             {"key": SOURCE_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
         ]
         assert instance.get_settings("telemetry")["enabled"] is False
+        # The kept connections outlive the server ending them (as a restart of the database
+        # does): the next queries take new ones instead of failing on the dead ones.
+        assert terminate_sessions(dagster_db) >= 2
+        assert instance.get_runs() == []
+        assert instance.event_log_storage.get_concurrency_keys() == {"warehouse/notifications"}
     # Closing the instance closes them (the code server makes an instance per sensor tick).
     assert sessions_open(dagster_db) == 0
     # Nothing was written under DAGSTER_HOME but the settings: all state is in PostgreSQL.
@@ -469,15 +474,38 @@ def sessions_opened(url: str) -> int:
         return cur.fetchone()[0]
 
 
-def sessions_open(url: str) -> int:
-    """How many sessions are connected to the database of ``url``, besides this query's."""
+def terminate_sessions(url: str) -> int:
+    """End every other session of the database of ``url`` from the server's side."""
     database = urlsplit(url).path.lstrip("/")
     with closing(psycopg2.connect(url.replace("+psycopg2", ""))) as conn, conn.cursor() as cur:
         cur.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = %s AND pid <> pg_backend_pid()",
             (database,),
         )
         return cur.fetchone()[0]
+
+
+def sessions_open(url: str, settle_s: float = 5.0) -> int:
+    """How many sessions are connected to the database of ``url``, besides this query's.
+
+    A backend leaves ``pg_stat_activity`` a moment after its client hangs up (it sees the
+    closed socket, then exits), so the count is asked again for up to ``settle_s`` seconds
+    until it is 0; what it shows then is a session still open."""
+    database = urlsplit(url).path.lstrip("/")
+    deadline = time.monotonic() + settle_s
+    with closing(psycopg2.connect(url.replace("+psycopg2", ""))) as conn, conn.cursor() as cur:
+        conn.autocommit = True  # each count sees the activity of its own moment
+        while True:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                (database,),
+            )
+            count = cur.fetchone()[0]
+            if count == 0 or time.monotonic() > deadline:
+                return count
+            time.sleep(0.1)
 
 
 def free_port() -> int:
