@@ -4,7 +4,10 @@ When several sources are due at one sensor tick, the sensor asks one run of the 
 job (pipeline/triggers/sync_sensors.py), whose config names them. Its one step does what the
 asset steps of those sources would do (the same bodies: ``sync_events``, ``evaluation_result``,
 ``delivery_result``) and reports each asset's materialization and check results against the
-same asset keys, so each asset's history, lineage and checks in the UI are as before.
+same asset keys, so each asset's history, lineage and checks in the UI are as before, with
+one exception: an evaluation that read no change, and whose checks passed last time as they
+do now, is not reported again (``_settled``); its asset's last materialization is the last
+evaluation that read something.
 
 Why one step rather than the asset job's steps: in a batched run Dagster's bookkeeping cost
 about twice the work itself, per changed source (bench/bench_batch_cost.py): each asset and
@@ -51,6 +54,7 @@ from changewatch.pipeline.project.warehouse_resource import (
 )
 from changewatch.pipeline.project.watches_file import ChangewatchConfig
 from changewatch.warehouse.connection_pool import ConnectionPool
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 __all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batch_sources", "batched_sync_job"]
 
@@ -148,8 +152,11 @@ def batched_sync_job(
                 )
 
             by_watch = {w.name: w for w in watches}
-            for name, events, error in _each(pool, evaluate, watches):
-                yield from _report(context, evaluation_asset_name(by_watch[name]), events)
+            evaluated = list(_each(pool, evaluate, watches))
+            settled = _settled(context, [(by_watch[n], ev) for n, ev, err in evaluated if not err])
+            for name, events, error in evaluated:
+                if name not in settled:
+                    yield from _report(context, evaluation_asset_name(by_watch[name]), events)
                 if error is not None:
                     failed[f"watch {name}"] = redact(first_line(error))
             if watches:
@@ -197,6 +204,44 @@ class _PooledWarehouse:
 
     def __exit__(self, *exc: object) -> None:
         self._pool.close()
+
+
+# An evaluation's counts that say it did something (evaluation_result's metadata).
+_DID_SOMETHING = ("changes_read", "held", "dropped", "filter_errors", "judge_errors", "judge_calls")
+
+
+def _settled(context: dg.OpExecutionContext, evaluations: list[tuple]) -> set[str]:
+    """The watches of ``evaluations`` (watch, events) whose evaluation read no change and
+    whose checks' last results, in Dagster's storage, passed as these did: reporting them
+    again would say nothing new. Most sources of a batch have not changed, and each such
+    evaluation wrote three events (a materialization and two checks), most of a batched run's
+    Dagster cost per source (issue 31). A watch whose checks failed last, or never ran, is
+    reported, so the UI never keeps an old failure for a watch that has recovered."""
+    quiet = {}
+    for watch, events in evaluations:
+        [result] = [e for e in events if isinstance(e, dg.MaterializeResult)] or [None]
+        if result is None or len(events) != 1:
+            continue
+        metadata = result.metadata or {}
+        checks = result.check_results or []
+        if any(metadata.get(k) for k in _DID_SOMETHING) or metadata.get("judge_unavailable"):
+            continue
+        if not checks or not all(c.passed for c in checks):
+            continue
+        key = dg.AssetKey(evaluation_asset_name(watch))
+        quiet[watch.name] = [dg.AssetCheckKey(key, c.check_name) for c in checks]
+    if not quiet:
+        return set()
+    # One query for all of them (the checks' latest executions).
+    latest = context.instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [k for keys in quiet.values() for k in keys]
+    )
+    passed = AssetCheckExecutionRecordStatus.SUCCEEDED
+    return {
+        name
+        for name, keys in quiet.items()
+        if all(k in latest and latest[k].status == passed for k in keys)
+    }
 
 
 def _collect(produce: Callable[[], Iterable]) -> tuple[list, Exception | None]:
