@@ -32,8 +32,9 @@ evaluation, each a server process started and warmed, as its own asset steps did
 # No `from __future__ import annotations` here: Dagster reads the op function's annotations
 # at definition time to recognise the context, config and resource parameters.
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import TypeVar
 
 import dagster as dg
 from changewatch.pipeline.assets.sync_assets import sync_events
@@ -56,7 +57,16 @@ from changewatch.pipeline.project.watches_file import ChangewatchConfig
 from changewatch.warehouse.connection_pool import ConnectionPool
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
-__all__ = ["BATCH_JOB", "BATCH_OP", "batch_run_config", "batch_sources", "batched_sync_job"]
+__all__ = [
+    "BATCH_JOB",
+    "BATCH_OP",
+    "batch_run_config",
+    "batch_sources",
+    "batched_sync_job",
+    "split_batch",
+]
+
+T = TypeVar("T")
 
 BATCH_JOB = "sync_batch"
 BATCH_OP = "sync_evaluate_deliver"  # not the job's name: Dagster refuses an op named as its job
@@ -76,6 +86,19 @@ def batch_sources(run_config: Mapping) -> list[str]:
     (['a', 'b'], [])
     """
     return list(run_config.get("ops", {}).get(BATCH_OP, {}).get("config", {}).get("sources", []))
+
+
+def split_batch(items: Sequence[T], size: int, source: Callable[[T], str]) -> list[list[T]]:
+    """``items`` (one per source, named by ``source``) in runs of at most ``size``, as even
+    as can be, in the order of their sources' names: a tick evaluated again makes the same
+    runs, and so the same run keys (the watches file's ``polling: batch_max``).
+
+    >>> split_batch(list("edcba"), 2, str), split_batch(list("abcd"), 3, str)
+    ([['a'], ['b', 'c'], ['d', 'e']], [['a', 'b'], ['c', 'd']])
+    """
+    ordered = sorted(items, key=source)
+    runs = -(-len(ordered) // size)
+    return [ordered[i * len(ordered) // runs : (i + 1) * len(ordered) // runs] for i in range(runs)]
 
 
 class BatchConfig(dg.Config):

@@ -54,6 +54,7 @@ __all__ = [
     "CONFIG_ENV",
     "DEFAULT_CONFIG",
     "ConfigError",
+    "DEFAULT_BATCH_MAX",
     "DEFAULT_TICK",
     "ChangewatchConfig",
     "PollingConfig",
@@ -68,6 +69,7 @@ VERSIONS = (1,)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Seconds between ticks of the sync sensors unless the file's `polling: tick` says.
 DEFAULT_TICK = 30.0
+DEFAULT_BATCH_MAX = 50
 
 
 class PollingConfig(BaseModel):
@@ -87,6 +89,19 @@ class PollingConfig(BaseModel):
         description=(
             "Time between two ticks of the sync sensors (5s to 1h); the syncs due at one tick "
             "share a run."
+        ),
+    )
+    # The most sources one batched run syncs; more due at one tick make several runs. One run
+    # of all of them could go to one worker only, and at 2,000 sources a tick's run held
+    # 200-370 sources for two minutes while the other workers' slots waited (bench/README.md,
+    # hosts). A run's own start costs about as much as ten syncs, so 50 keeps it a fifth.
+    batch_max: int = Field(
+        default=DEFAULT_BATCH_MAX,
+        ge=1,
+        le=10_000,
+        description=(
+            "The most sources one batched run syncs (1 to 10000); more due at one tick are "
+            "split into several runs, which the workers share."
         ),
     )
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-from changewatch.pipeline.assets.batched_syncs import batch_run_config
+from changewatch.pipeline.assets.batched_syncs import batch_run_config, split_batch
 from changewatch.pipeline.assets.sync_assets import FULL_TAG, SOURCE_TAG
 from changewatch.pipeline.polling.adaptive_envelope import spoken
 from changewatch.pipeline.polling.poll_schedule import (
@@ -26,7 +26,7 @@ from changewatch.pipeline.polling.poll_slots import due_slot, jitter_offset
 from changewatch.pipeline.polling.probe_decisions import Decision, decide, due_probes, probe_states
 from changewatch.pipeline.polling.source_pauses import pause, paused_reasons
 from changewatch.pipeline.polling.sync_triggers import DEMO_API_URL, is_demo_source
-from changewatch.pipeline.project.watches_file import DEFAULT_TICK
+from changewatch.pipeline.project.watches_file import DEFAULT_BATCH_MAX, DEFAULT_TICK
 from changewatch.pipeline.triggers.queued_syncs import queued_sources
 from changewatch.sources import SourceConfig
 from changewatch.sources.fleet import is_fleet
@@ -102,6 +102,7 @@ def sync_sensor(
     schedule_job: dg.UnresolvedAssetJobDefinition | None = None,
     batch_job: dg.JobDefinition | None = None,
     tick: float = DEFAULT_TICK,
+    batch_max: int = DEFAULT_BATCH_MAX,
 ) -> dg.SensorDefinition:
     """One sensor over interval sources: when a source's slot begins, a cheap probe asks
     whether it changed (sources/probe.py), and a sync is requested only if so (the rules and
@@ -190,7 +191,10 @@ def sync_sensor(
                 )
             )
         if batch and len(requests) > 1:
-            requests = [_batched(batch_job, job.name, requests, selections)]
+            requests = [
+                _batched(batch_job, job.name, chunk, selections) if len(chunk) > 1 else chunk[0]
+                for chunk in split_batch(requests, batch_max, lambda r: r.tags[SOURCE_TAG])
+            ]
         changed = [*decision.pauses, *decision.resumed]
         if schedule_job is not None and changed:
             requests.append(schedule_run(schedule_tag(decision.schedules, changed, now)))

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import dagster as dg
-from changewatch.pipeline.assets.batched_syncs import batch_run_config
+from changewatch.pipeline.assets.batched_syncs import batch_run_config, split_batch
 from changewatch.pipeline.assets.sync_assets import SOURCE_TAG
+from changewatch.pipeline.project.watches_file import DEFAULT_BATCH_MAX
 from changewatch.pipeline.triggers.queued_syncs import queued_sources
 from changewatch.pipeline.triggers.sync_sensors import TRIGGER_TAG
 from changewatch.pipeline.webhooks.webhook_inbox import Inbox, Pending, open_inbox
@@ -104,6 +105,10 @@ def _digest(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
+def _source(request: WebhookRequest) -> str:
+    return request.source
+
+
 def _batched(batch_job: dg.JobDefinition, requests: Sequence[WebhookRequest]) -> dg.RunRequest:
     """One run of ``batch_job`` syncing the sources of ``requests``, keyed by their keys."""
     keys = sorted(request.run_key for request in requests)
@@ -126,11 +131,12 @@ def webhook_sensor(
     *,
     inbox: Callable[[], Inbox | PostgresInbox] = open_inbox,
     batch_job: dg.JobDefinition | None = None,
+    batch_max: int = DEFAULT_BATCH_MAX,
 ) -> dg.SensorDefinition:
     """The sensor that syncs ``sources`` (those with ``webhook:``) when deliveries wait for
     them; ``jobs`` holds the job of each source by its name, ``selections`` what its runs
     select (a fleet's: everything), ``inbox`` opens the inbox at a tick; ``batch_job``, if
-    given, syncs several plain sources in one run."""
+    given, syncs several plain sources in a run, at most ``batch_max`` to a run."""
     names = [source.name for source in sources]
     fleets = {source.name: is_fleet(source) for source in sources}
     targets = {jobs[name].name: jobs[name] for name in names}
@@ -169,7 +175,11 @@ def webhook_sensor(
                 )
         asked = [request for request in requests if request.source not in waiting]
         plain = [request for request in asked if not fleets[request.source]]
-        batched = [_batched(batch_job, plain)] if batch_job is not None and len(plain) > 1 else []
+        batched = (
+            [_batched(batch_job, chunk) for chunk in split_batch(plain, batch_max, _source)]
+            if batch_job is not None and len(plain) > 1
+            else []
+        )
         if batched:
             asked = [request for request in asked if fleets[request.source]]
         runs = batched + [

@@ -63,8 +63,9 @@ def source(name: str, base_url: str, **settings: Any) -> dict[str, Any]:
     }
 
 
-def write(path: Path, sources: list[dict[str, Any]]) -> Path:
-    path.write_text(yaml.safe_dump({"version": 1, "sources": sources}), encoding="utf-8")
+def write(path: Path, sources: list[dict[str, Any]], **settings: Any) -> Path:
+    config = {"version": 1, "sources": sources, **settings}
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
     return path
 
 
@@ -366,3 +367,33 @@ def test_syncs_due_at_one_tick_run_together_on_both_backends(
         assert requests == []
     else:
         assert [r.tags.get(SOURCE_TAG) for r in requests] == ["down"]
+
+
+def test_more_syncs_due_than_batch_max_make_several_runs_the_same_at_every_look(
+    tmp_path, instance, apis, warehouse_url, monkeypatch, dead_url
+):
+    one, two = apis
+    monkeypatch.setenv(WAREHOUSE_URL_ENV, warehouse_url)
+    names = ["alpha", "beta", "gamma", "delta", "down"]
+    sources = [source(n, one.url if i % 2 else two.url) for i, n in enumerate(names[:4])]
+    sources.append(source("down", dead_url))
+    path = write(tmp_path / "w.yaml", sources, polling={"batch_max": 2})
+    defs = build_definitions(load_config(path))
+    sensor = defs.resolve_sensor_def(SYNC_SENSOR)
+
+    def look() -> list[dg.RunRequest]:
+        context = dg.build_sensor_context(instance=instance, definitions=defs)
+        return list(sensor.evaluate_tick(context).run_requests or [])
+
+    requests = look()
+    # Five due, at most two to a run: three runs, as even as can be, in the sources' order.
+    runs = [
+        r.run_config["ops"][BATCH_OP]["config"]["sources"]
+        if r.job_name == BATCH_JOB
+        else [r.tags[SOURCE_TAG]]
+        for r in requests
+    ]
+    assert runs == [["alpha"], ["beta", "delta"], ["down", "gamma"]]
+    assert [r.tags.get(BATCH_TAG) for r in requests] == [None, "2", "2"]
+    # The same tick looked at again (a daemon restart) asks the same runs, by their keys.
+    assert [r.run_key for r in look()] == [r.run_key for r in requests]
