@@ -518,7 +518,7 @@ def _keys_at(model: Any, loc: tuple) -> list[str]:
     >>> "paginator" in _keys_at(ChangewatchConfig, ("sources", 0, "rest"))
     True
     >>> _keys_at(ChangewatchConfig, ("polling",))
-    ['tick']
+    ['batch_max', 'tick']
     """
     kinds = [model]
     for part in loc:
