@@ -42,7 +42,8 @@ def test_an_evaluation_that_read_nothing_is_reported_only_when_its_checks_say_so
             "sources": sources,
             "channels": [{"name": "out", "type": "file", "path": "notifications.jsonl"}],
             "watches": [
-                {"name": f"{n}_updates", "source": n, "where": "kind = 'update'", "channels": ["out"]}
+                {"name": f"{n}_updates", "source": n, "where": "kind = 'update'"}
+                | {"channels": ["out"]}
                 for n in ("alpha", "beta")
             ],
         }
