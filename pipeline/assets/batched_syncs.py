@@ -242,8 +242,8 @@ def _settled(context: dg.OpExecutionContext, evaluations: list[tuple]) -> set[st
     reported, so the UI never keeps an old failure for a watch that has recovered."""
     quiet = {}
     for watch, events in evaluations:
-        [result] = [e for e in events if isinstance(e, dg.MaterializeResult)] or [None]
-        if result is None or len(events) != 1:
+        result = events[0] if len(events) == 1 else None
+        if not isinstance(result, dg.MaterializeResult):
             continue
         metadata = result.metadata or {}
         checks = result.check_results or []
