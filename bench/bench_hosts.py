@@ -162,7 +162,12 @@ def kill_once(d: Deployment, expected: Counter) -> tuple[float, float]:
     run_id, host = found
     host.kill_all()
     killed = time.time()
-    d.wait(lambda: runs(d)[run_id]["status"] == "FAILURE", "run monitoring")
+    d.wait(lambda: runs(d)[run_id]["status"] in ("FAILURE", "SUCCESS"), "run monitoring")
+    if runs(d)[run_id]["status"] == "SUCCESS":
+        # It ended between the look and the kill (a run of a few sources takes about a
+        # second): nothing was cut mid-run. The host comes back; the next round of changes.
+        d.start_worker(host, concurrency=1)
+        return kill_once(d, expected)
     failed = time.time() - killed
 
     def retried() -> bool:
