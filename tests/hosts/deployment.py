@@ -57,6 +57,7 @@ __all__ = [
     "placed",
     "runs",
     "started_syncing",
+    "will_retry",
 ]
 
 PARENT = "dagster/parent_run_id"  # a retry's tag: the run it retries
@@ -656,3 +657,17 @@ def started_syncing(d: Deployment, since: float) -> str | None:
             if syncing[0][0]:
                 return run_id
     return None
+
+
+def will_retry(d: Deployment, run_id: str) -> bool:
+    """Whether Dagster's run retries will retry the failed run ``run_id`` (its tag, once
+    the daemon has decided)."""
+    rows: list = []
+    d.wait(
+        lambda: bool(rows.extend(d.query(
+            "SELECT value FROM run_tags WHERE run_id = %s AND key = 'dagster/will_retry'",
+            database="dagster", args=(run_id,),
+        )) or rows),
+        "the retry decision",
+    )  # fmt: skip
+    return rows[0][0] == "true"
