@@ -136,7 +136,7 @@ def build_definitions(
     )
     if batch_job is not None:
         recorded["batch_job"] = batch_job
-    recorded["batch_max"] = config.polling.batch_max
+    batch_max = recorded["batch_max"] = config.polling.batch_max
     sensors = [sync_sensor(live, sync_job, keys, tick=tick, **recorded)] if live else []
     sensors += [demo_sensor(demo, sync_job, keys, tick=tick, **recorded)] if demo else []
     fleet_only = [j for s in fleets for j in fleet_jobs(s)]
@@ -144,7 +144,6 @@ def build_definitions(
         fleet_run_jobs = [jobs[s.name] for s in fleets] + fleet_only
         sensors.append(fleet_sensor(fleets, fleet_run_jobs, tick=tick))
     if hooked:
-        batch_max = config.polling.batch_max
         sensors.append(webhook_sensor(hooked, jobs, keys, batch_job=batch_job, batch_max=batch_max))
     schedules = [
         cron_schedule(s, jobs[s.name], keys[s.name]) for s in config.sources if s.cron is not None
