@@ -120,6 +120,37 @@ def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
     assert float(rows["pooled"][2]) * 5 < float(rows["dagster"][2])
 
 
+def test_bench_batch_cost_runs_a_few_sources_each_way() -> None:
+    done = subprocess.run(
+        [sys.executable, "bench/bench_batch_cost.py", "--sources", "4", "--changed", "2"]
+        + ["--polls", "1", "--rounds", "1", "--issues", "5"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    per_source = {
+        line.split(":")[0]: float(line.split("per changed source ")[1].split()[0])
+        for line in done.stdout.splitlines()
+        if line.startswith(("batched run", "the same work alone"))
+    }
+    assert set(per_source) == {
+        "batched run, a step per asset",
+        "batched run, one step",
+        "the same work alone",
+    }
+    assert all(v > 0 for v in per_source.values()), per_source
+    # One step writes fewer Dagster events per changed source than a step per asset.
+    events = {
+        line.split(":")[0]: float(line.split(" Dagster events")[0].rsplit(" ", 1)[1])
+        for line in done.stdout.splitlines()
+        if line.startswith("batched run")
+    }
+    assert events["batched run, one step"] < events["batched run, a step per asset"], events
+    assert "issue 31's target:" in done.stdout
+
+
 def test_bench_connect_opens_connections_every_way() -> None:
     done = subprocess.run(
         [sys.executable, "bench/bench_connect.py", "--tables", "0", "30", "--connections", "2"]
