@@ -18,6 +18,7 @@ from pathlib import Path
 from changewatch.evaluators import learned
 from changewatch.evaluators.evals import EvalExample
 from changewatch.evaluators.judge import render_user_prompt
+from changewatch.evaluators.learned_selection import MIN_DECIDING_LABELS
 
 __all__ = ["HELD_OUT", "Label", "f1", "labels_of", "train"]
 
@@ -122,10 +123,14 @@ def train(
         )
     learned.save(model, path)
     versus = "" if current is None else f" (model in use: {current:.2f})"
-    deciding = (
-        "deciding nothing until more labels agree (it abstains)" if model.threshold >= 1.0
-        else f"deciding at p >= {model.threshold:.2f} or <= {1 - model.threshold:.2f}"
-    )
+    if model.threshold < 1.0:
+        deciding = f"deciding at p >= {model.threshold:.2f} or <= {1 - model.threshold:.2f}"
+    elif model.labels < MIN_DECIDING_LABELS:
+        deciding = (
+            f"deciding nothing until it trains on {MIN_DECIDING_LABELS} labels (it abstains)"
+        )
+    else:
+        deciding = "deciding nothing until more labels agree (it abstains)"
     return (
         f"{head}: {said}{versus}: now in use, learned@{model.version}, reading the change's "
         f"{_FAMILY[model.family]}, {deciding}"

@@ -79,6 +79,27 @@ def test_cold_start_abstains_and_the_llm_decides() -> None:
     assert not learned.model_file(config).exists()
 
 
+def test_below_twenty_training_labels_it_trains_but_decides_nothing() -> None:
+    """Ten to nineteen labels make a model (its p is shown, eval scores it alone), but its
+    threshold decides nothing: ten out-of-fold decisions, each from an inner model of eight
+    labels, were not enough to hold precision on new changes."""
+    config = _config("http://127.0.0.1:9/v1").judges()[0]
+    path = learned.model_file(config)
+    # 18 labels, of which a fifth are held out: 14 to train on, and they separate cleanly.
+    line = train("prices", labels_of("prices", _examples(18)), path)
+    assert ": now in use, learned@" in line, line
+    assert line.endswith("deciding nothing until it trains on 20 labels (it abstains)"), line
+    model = learned.load(path)
+    assert model is not None and model.labels < 20 and model.threshold == 1.0
+    # The same changes from 20 labels up decide (the next test: 40, most held in).
+    wider = learned.fit(
+        [render_user_prompt(e.change("prices")) for e in _examples(24)],
+        [e.expect == "notify" for e in _examples(24)],
+        condition=CONDITION,
+    )
+    assert wider is not None and wider.threshold < 1.0
+
+
 def test_the_learned_stage_decides_where_sure_and_the_rest_go_to_the_llm() -> None:
     train_set, new_changes = _examples(40), _examples(60)[40:]
     config = _config("http://127.0.0.1:9/v1")
