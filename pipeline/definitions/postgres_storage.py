@@ -6,8 +6,8 @@ one for every event it writes, and the daemon more at every queue pass and senso
 This storage is Dagster's own with the pooling the webserver uses
 (``optimize_for_webserver``: one connection kept per storage, more opened while needed) for
 runs and event logs, which take nearly all the queries, so the daemon, the code server and
-every run reuse theirs. A kept connection is pinged before use and a new one waits up to a
-minute for the database, so a restart of the db host costs no event written meanwhile
+every run reuse theirs. A kept connection is pinged before use and a new one waits about 50 s
+for the database, so a restart of the db host costs no event written meanwhile
 (dagster-postgres gives up after about 11 s). deploy/dagster.yaml selects it::
 
     storage:
@@ -20,12 +20,10 @@ minute for the database, so a restart of the db host costs no event written mean
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
-import sqlalchemy.exc
 from dagster._core.storage.base_storage import DagsterStorage
 from dagster._serdes import ConfigurableClassData
 from dagster_postgres import DagsterPostgresStorage
@@ -36,6 +34,7 @@ from dagster_postgres.utils import (
     create_pg_engine,
     get_token_provider_from_config,
     pg_url_from_config,
+    retry_pg_connection_fn,
 )
 from sqlalchemy.engine import Connection
 
@@ -49,11 +48,11 @@ POOL_RECYCLE_S = 3600
 # Connections a process may open beyond the kept one while threads use the storage at once
 # (the daemon's threads, a run's sync threads); closed when returned.
 MAX_OVERFLOW = 20
-# Seconds a query waits for the database to come back before it fails: a restart of the db
-# host (seconds to tens of seconds) must not lose a step's failure or a run's end, which are
-# written while it is down. dagster-postgres gives up after about 11 s (5 tries).
-PATIENCE_S = 60.0
-RETRY_CAP_S = 2.0
+# Tries a query makes to reach the database before it fails: a restart of the db host (seconds
+# to tens of seconds) must not lose a step's failure or a run's end, written while it is down.
+# dagster-postgres waits (2^n - 1) x 0.2 s before its n-th retry: its default 5 give up after
+# about 11 s, these 7 after about 49.
+PATIENT_RETRIES = 7
 
 
 class _Pooled:
@@ -79,19 +78,9 @@ class _Pooled:
 
     @contextmanager
     def _patient_connection(self) -> Iterator[Connection]:
-        """A connection of the pool, waiting up to PATIENCE_S for the database."""
-        deadline = time.monotonic() + PATIENCE_S
-        delay = 0.2
-        while True:
-            try:
-                conn = self._engine.connect()
-                break
-            except sqlalchemy.exc.OperationalError:
-                if time.monotonic() + delay > deadline:
-                    raise
-                time.sleep(delay)
-                delay = min(delay * 2, RETRY_CAP_S)
-        with conn:
+        """A connection of the pool, waiting about 50 s for the database (dagster-postgres's own
+        retry, with more tries than its default)."""
+        with retry_pg_connection_fn(self._engine.connect, retry_limit=PATIENT_RETRIES) as conn:
             yield conn
 
     def dispose(self) -> None:
