@@ -195,7 +195,11 @@ def kills(args: argparse.Namespace) -> dict:
             retried_after.append(retried)
             print(f"kill {round_ + 1}: failed {failed:.1f} s, retried and done {retried:.1f} s",
                   flush=True)  # fmt: skip
-        d.wait(lambda: changes(d) >= expected and delivered(d), "every change delivered")
+        d.wait(
+            lambda: changes(d) >= expected and delivered(d),
+            "every change delivered",
+            limit=args.warmup,
+        )
         found = changes(d)
         ids = {row[0] for row in d.query("SELECT notification_id FROM outbox")}
         with d.sink.lock:

@@ -64,6 +64,11 @@ PARENT = "dagster/parent_run_id"  # a retry's tag: the run it retries
 # The variable holding the sources' Standard Webhooks secret: only the receiver's host has it.
 HOOK_SECRET_ENV = "CW_HOSTS_HOOK_SECRET"
 RECEIVER_PORT = 8088
+# A wait's ceiling when the caller sets none. The stall rule (tests/patience.py) never fires
+# here: the daemon and its sensors work every few seconds whatever the test waits for, so a
+# condition that can no longer come true would be waited for until CI's own limit. The longest
+# wait of a passing tier is about a minute (the first syncs).
+WAIT_LIMIT_S = 600.0
 
 BIN = Path(sys.executable).parent
 PG_BIN = Path(
@@ -589,7 +594,7 @@ class Deployment:
                 checked,
                 pids=self.all_pids,
                 progress=progress or (lambda: None),
-                limit=limit,
+                limit=WAIT_LIMIT_S if limit is None else limit,
                 what=what,
             )
         except AssertionError as error:
