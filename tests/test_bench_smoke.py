@@ -16,20 +16,23 @@ from cw_testing import PG_URL, REPO
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.parametrize("server", ["process", "thread"])
-def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
+def run_bench(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``argv`` (a bench script and its options) run from the repository root; it must exit 0."""
     done = subprocess.run(
-        [
-            sys.executable,
-            "bench/bench_sync.py",
-            *("--rows", "3000", "--rounds", "1", "--server", server),
-        ],
+        [sys.executable, *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
+        env=None if env is None else {**os.environ, **env},
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
+@pytest.mark.parametrize("server", ["process", "thread"])
+def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
+    done = run_bench(["bench/bench_sync.py", "--rows", "3000", "--rounds", "1", "--server", server])
     assert "ratio first sync (bulk load) / fetch-only" in done.stdout
     assert "re-sync, 1k upd/100 del" in done.stdout
     # Each kind of sync's own peak RSS, at the row count asked for.
@@ -38,14 +41,7 @@ def test_bench_sync_runs_on_a_small_listing(server: str) -> None:
 
 
 def test_bench_notify_runs_on_both_backends() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_notify.py", *("--changes", "300", "--rounds", "1")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = run_bench(["bench/bench_notify.py", *("--changes", "300", "--rounds", "1")])
     lines = done.stdout.splitlines()
     assert any(line.startswith("duckdb ") and line.split()[1] != "round" for line in lines)
     assert any(line.startswith("postgres ") and line.split()[1] != "round" for line in lines)
@@ -53,28 +49,15 @@ def test_bench_notify_runs_on_both_backends() -> None:
 
 
 def test_bench_probe_runs_on_a_few_sources() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_probe.py", *("--sources", "5", "--rounds", "1", "--no-sync")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    done = run_bench(["bench/bench_probe.py", *("--sources", "5", "--rounds", "1", "--no-sync")])
     assert "probe, 5 sources: " in done.stdout
     assert "per unchanged poll" in done.stdout
 
 
 def test_bench_workspace_reload_rereads_a_small_code_location_both_ways() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_workspace_reload.py"]
-        + ["--sources", "3", "--reloads", "4", "--every", "2"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_bench(
+        ["bench/bench_workspace_reload.py"] + ["--sources", "3", "--reloads", "4", "--every", "2"]
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()
     # A row for the start and for every second re-read, with both clients' figures.
     rows = [line.split() for line in lines if line.split()[:1] in (["0"], ["2"], ["4"])]
@@ -85,30 +68,18 @@ def test_bench_workspace_reload_rereads_a_small_code_location_both_ways() -> Non
 
 
 def test_bench_definitions_loads_the_code_location_for_a_few_sources() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_definitions.py", "--sources", "2", "--rounds", "1"]
-        + ["--snapshot"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_bench(
+        ["bench/bench_definitions.py", "--sources", "2", "--rounds", "1"] + ["--snapshot"]
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     [row] = [line.split() for line in done.stdout.splitlines() if line.startswith("   this tree")]
     # sources, CPU per load, per source, RSS, code server start CPU, its RSS
     assert row[2] == "2" and float(row[3]) > 0 and float(row[6]) >= float(row[3]) * 0.5
 
 
 def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_run_cost.py", "--sources", "4", "--changed", "2"]
-        + ["--rounds", "1"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_bench(
+        ["bench/bench_run_cost.py", "--sources", "4", "--changed", "2"] + ["--rounds", "1"]
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = {
         line.split()[0]: line.split()[1:]
         for line in done.stdout.splitlines()
@@ -121,15 +92,10 @@ def test_bench_run_cost_runs_a_few_sources_with_both_storages() -> None:
 
 
 def test_bench_batch_cost_runs_a_few_sources_each_way() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_batch_cost.py", "--sources", "4", "--changed", "2"]
-        + ["--polls", "1", "--rounds", "1", "--issues", "5"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_bench(
+        ["bench/bench_batch_cost.py", "--sources", "4", "--changed", "2"]
+        + ["--polls", "1", "--rounds", "1", "--issues", "5"]
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     per_source = {
         line.split(":")[0]: float(line.split("per changed source ")[1].split()[0])
         for line in done.stdout.splitlines()
@@ -152,15 +118,10 @@ def test_bench_batch_cost_runs_a_few_sources_each_way() -> None:
 
 
 def test_bench_connect_opens_connections_every_way() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_connect.py", "--tables", "0", "30", "--connections", "2"]
-        + ["--pg-url", PG_URL],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = run_bench(
+        ["bench/bench_connect.py", "--tables", "0", "30", "--connections", "2"]
+        + ["--pg-url", PG_URL]
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = [line.split() for line in done.stdout.splitlines()[1:]]
     # tables, the way, CPU ms and wall ms per connection
     ways = ("per-connection", "shared-first", "shared-later", "builtin-first", "builtin-later")
@@ -229,15 +190,10 @@ def test_bench_fleet_notifies_every_change_of_a_fleet_through_range_runs(tmp_pat
 
 
 def test_bench_big_values_syncs_a_large_value_on_both_backends() -> None:
-    done = subprocess.run(
-        [sys.executable, "bench/bench_big_values.py", *("--sizes", "2", "--shapes", "json")],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "CHANGEWATCH_TEST_PG_URL": PG_URL},
+    done = run_bench(
+        ["bench/bench_big_values.py", *("--sizes", "2", "--shapes", "json")],
+        env={"CHANGEWATCH_TEST_PG_URL": PG_URL},
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert any(line.startswith("duckdb ") and " MiB" in line for line in lines)
     assert any(line.startswith("postgres ") and " MiB" in line for line in lines)
