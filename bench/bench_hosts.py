@@ -141,6 +141,9 @@ def kill_once(d: Deployment, expected: Counter) -> tuple[float, float]:
 
     The host is whichever one the run landed on: Celery hands runs to whichever worker asks
     first, and with runs this short one worker can take them all for minutes."""
+    # Recorded first: a key changed again before its last change was synced would fold into
+    # one change, and ``expected`` would wait for two.
+    d.wait(lambda: changes(d) >= expected, "the changes so far")
     for name, server in d.trackers.items():
         done = server.tracker.mutate(create=1, update=2, delete=1)
         for kind, keys in (("insert", "created"), ("update", "updated"), ("delete", "deleted")):
