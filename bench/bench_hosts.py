@@ -40,6 +40,7 @@ from deployment import (  # noqa: E402  (the harness lives with the tests)
     Deployment,
     changes,
     delivered,
+    mutate,
     placed,
     runs,
     started_syncing,
@@ -141,14 +142,7 @@ def kill_once(d: Deployment, expected: Counter) -> tuple[float, float]:
 
     The host is whichever one the run landed on: Celery hands runs to whichever worker asks
     first, and with runs this short one worker can take them all for minutes."""
-    # Recorded first: a key changed again before its last change was synced would fold into
-    # one change, and ``expected`` would wait for two.
-    d.wait(lambda: changes(d) >= expected, "the changes so far")
-    for name, server in d.trackers.items():
-        done = server.tracker.mutate(create=1, update=2, delete=1)
-        for kind, keys in (("insert", "created"), ("update", "updated"), ("delete", "deleted")):
-            # A key updated in two rounds is two changes: count them, not just their keys.
-            expected.update((name, kind, k) for k in done[keys])
+    mutate(d, expected, create=1, update=2, delete=1)
     mutated = time.time()
 
     hosts = {worker.name: worker for worker in d.workers}

@@ -196,10 +196,8 @@ numbers, no n-grams) are skipped."""
             best = (scores[family], family, p)
     assert best is not None
     _, family, p = best
-    if threshold is None and len(y) < MIN_DECIDING_LABELS:
-        threshold = 1.0
-    elif threshold is None:
-        threshold = choose_threshold(
+    if threshold is None:
+        threshold = 1.0 if len(y) < MIN_DECIDING_LABELS else choose_threshold(
             p, y, fold if every_fold else None, target=target, min_decided=min_decided
         )
     return Choice(family, threshold, scores)

@@ -54,6 +54,7 @@ __all__ = [
     "WebhookSink",
     "changes",
     "delivered",
+    "mutate",
     "placed",
     "runs",
     "started_syncing",
@@ -635,6 +636,17 @@ def changes(d: Deployment) -> Counter:
     return found
 
 
+def mutate(d: Deployment, expected: Counter, **counts: int) -> None:
+    """Change every tracker; count each change in ``expected`` (a key updated in two rounds is
+    two changes). Waits first until every change so far is recorded: a key changed again
+    before its last change was synced would fold into one, and ``expected`` would wait for two."""
+    d.wait(lambda: changes(d) >= expected, "the changes so far")
+    for name, server in d.trackers.items():
+        done = server.tracker.mutate(**counts)
+        for kind, keys in (("insert", "created"), ("update", "updated"), ("delete", "deleted")):
+            expected.update((name, kind, k) for k in done[keys])
+
+
 def delivered(d: Deployment, channel: str = "hook") -> bool:
     """Whether there are deliveries by ``channel`` and every one was sent."""
     [(exists,)] = d.query("SELECT to_regclass('cw.deliveries') IS NOT NULL")
@@ -667,12 +679,7 @@ def started_syncing(d: Deployment, since: float) -> str | None:
 def will_retry(d: Deployment, run_id: str) -> bool:
     """Whether Dagster's run retries will retry the failed run ``run_id`` (its tag, once
     the daemon has decided)."""
-    rows: list = []
-    d.wait(
-        lambda: bool(rows.extend(d.query(
-            "SELECT value FROM run_tags WHERE run_id = %s AND key = 'dagster/will_retry'",
-            database="dagster", args=(run_id,),
-        )) or rows),
-        "the retry decision",
-    )  # fmt: skip
-    return rows[0][0] == "true"
+    query = "SELECT value FROM run_tags WHERE run_id = %s AND key = 'dagster/will_retry'"
+    d.wait(lambda: bool(d.query(query, database="dagster", args=(run_id,))), "the retry decision")
+    [(value,)] = d.query(query, database="dagster", args=(run_id,))
+    return value == "true"
