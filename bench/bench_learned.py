@@ -348,11 +348,12 @@ def local(k: int, paths: list[Path], results: Path) -> None:
 
 
 def _as_asked(rows: list[Row], spent: list[int], changes: int) -> list[Row]:
-    """``rows`` with each cascade's LLM time as the model took it when it judged the changes
-    that cascade asked about (their recorded latencies), not the time to look them up here."""
+    """``rows`` with each cascade's (and the LLM alone's) LLM time as the model took it when it
+    judged the changes that row asked about (their recorded latencies), not the time to look
+    them up here."""
     out, start = [], 0
     for row in rows:
-        if row.stage == "cascade":
+        if row.stage in ("llm-alone", "cascade"):
             taken = spent[start:start + row.asked]
             start += row.asked
             row = dataclasses.replace(

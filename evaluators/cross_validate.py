@@ -3,10 +3,11 @@
 Per examples file: the learned stage alone (its answer at p >= 0.5 on every change), the
 share it decides at its threshold with precision and recall there, the cascade (its decisions,
 the rest answered by an LLM when one is given, else counted as sent to it), always-notify and
-always-skip; then a learning curve: the same with 10, 20, 40 and all training labels. Folds
-are stratified and seeded, so a run repeats. The LLM is asked only about the changes the stage
-abstained on, once per curve point (each point is a cascade of its own), and its time per
-question is measured where it is asked, so with a served model the latency includes the wire.
+always-skip, and with an LLM the LLM alone (asked about every change once); then a learning
+curve: the same with 10, 20, 40 and all training labels. Folds are stratified and seeded, so
+a run repeats. Each cascade asks the LLM only about the changes the stage abstained on, once
+per curve point (each point is a cascade of its own), and the LLM's time per question is
+measured where it is asked, so with a served model the latency includes the wire.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ AskLLM = Callable[[EvalExample], bool] | None
 @dataclass(frozen=True)
 class Row:
     name: str  # the examples file's name
-    stage: str  # learned | cascade | always-notify | always-skip
+    stage: str  # learned | cascade | always-notify | always-skip | llm-alone
     labels: int  # training labels per fold
     precision: float | None
     recall: float | None
@@ -41,7 +42,7 @@ class Row:
     decided_precision: float | None = None  # on the share the learned stage decided
     decided_recall: float | None = None
     ms: float = 0.0  # latency per change, ms: the learned stage's, plus the LLM's (cascade)
-    asked: int = 0  # changes sent to the LLM (the cascade's abstentions)
+    asked: int = 0  # changes sent to the LLM (the cascade's abstentions; all, for llm-alone)
     llm_ms: float | None = None  # the LLM's time per question asked, ms
 
 
@@ -78,6 +79,12 @@ def cross_validate(
         Row(name, "always-notify", 0, *_prf([True] * len(y), actual), to_llm=0.0),
         Row(name, "always-skip", 0, *_prf([False] * len(y), actual), to_llm=0.0),
     ]
+    if ask is not None:
+        started = time.perf_counter()
+        said = [ask(e) for e in examples]
+        ms = 1000 * (time.perf_counter() - started) / len(y)
+        rows.append(Row(name, "llm-alone", 0, *_prf(said, actual), to_llm=1.0, ms=ms,
+                        asked=len(y), llm_ms=ms))
     fewest = int(min(y.sum(), len(y) - y.sum()))
     k = max(2, min(k, fewest))
     folds = list(StratifiedKFold(k, shuffle=True, random_state=_SEED).split(prompts, y))

@@ -88,8 +88,9 @@ def add_parser(commands: Any) -> None:
         type=int,
         metavar="K",
         help="K-fold cross-validate the learned judge stage on the examples (the `learn` extra): "
-        "alone, as a cascade (the rest to --model, if given), against always-notify and "
-        "always-skip, with a learning curve; prints a Markdown table (--format json: its rows)",
+        "alone, as a cascade (the rest to --model, if given), against always-notify, "
+        "always-skip and --model alone, with a learning curve; prints a Markdown table "
+        "(--format json: its rows)",
     )
     evals.add_argument(
         "--export-feedback",

@@ -65,13 +65,22 @@ def test_the_cascade_s_rest_goes_over_http_and_only_the_rest(tmp_path: Path) -> 
         )
         requests = list(llm.requests)
     assert done.returncode == 0, done.stderr
-    cascades = [row for row in json.loads(done.stdout) if row["stage"] == "cascade"]
+    rows = json.loads(done.stdout)
+    cascades = [row for row in rows if row["stage"] == "cascade"]
     assert [row["labels"] for row in cascades] == [10, 20]
     asked = sum(row["asked"] for row in cascades)
     # The stage decided some changes (with 20 labels the price diffs separate them) and sent
-    # the others, one request each, with the served model's name and the condition.
+    # the others, one request each, with the served model's name and the condition; the LLM
+    # alone was asked about every change once, and scores as always-notify (it says notify).
     assert 0 < asked < 2 * 30, cascades
-    assert len(requests) == asked
+    [alone] = [row for row in rows if row["stage"] == "llm-alone"]
+    [notify] = [row for row in rows if row["stage"] == "always-notify"]
+    assert (alone["asked"], alone["to_llm"]) == (30, 1.0)
+    assert [alone[k] for k in ("precision", "recall", "f1")] == [
+        notify[k] for k in ("precision", "recall", "f1")
+    ]
+    assert alone["llm_ms"] > 0
+    assert len(requests) == asked + 30
     assert {r.body["model"] for r in requests} == {"served"}
     assert all(CONDITION in r.text for r in requests)
     for row in cascades:
