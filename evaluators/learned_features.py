@@ -73,7 +73,8 @@ def use_encoder(path: str | None) -> None:
 
 
 def embed(texts: Sequence[str]) -> np.ndarray:
-    """Unit-length sentence embeddings of ``texts``, one 384-float row each."""
+    """Unit-length sentence embeddings of ``texts``, one row each (384 floats with the
+    bundled all-MiniLM-L6-v2)."""
     missing = sorted({text for text in texts if text not in _cache})
     if missing:
         rows = _encoder().encode(missing, batch_size=32, normalize_embeddings=True)
@@ -82,7 +83,10 @@ def embed(texts: Sequence[str]) -> np.ndarray:
                 _cache.clear()
             _cache.update(zip(missing, np.asarray(rows, dtype=np.float32), strict=True))
     if not texts:
-        return np.zeros((0, _encoder().get_embedding_dimension()), dtype=np.float32)
+        encoder = _encoder()  # the method's name before sentence-transformers 5, then after
+        width = getattr(encoder, "get_embedding_dimension",
+                        encoder.get_sentence_embedding_dimension)()
+        return np.zeros((0, width), dtype=np.float32)
     return np.stack([_cache[text] for text in texts])
 
 
