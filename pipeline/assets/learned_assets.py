@@ -15,28 +15,31 @@ import dagster as dg
 from changewatch.evaluators.config import LEARNED_MODEL
 from changewatch.pipeline.project.expected_errors import UsageError
 from changewatch.pipeline.project.storage_paths import config_path
-from changewatch.pipeline.project.warehouse_resource import WarehouseResource
+from changewatch.pipeline.project.warehouse_resource import WarehouseResource, warehouse_pool
 from changewatch.pipeline.project.watches_file import ChangewatchConfig
 from dagster import AssetExecutionContext
 
 __all__ = ["learned_assets", "learned_stage", "train_watch"]
 
 
-def learned_assets(config: ChangewatchConfig) -> list[dg.AssetsDefinition]:
+def learned_assets(config: ChangewatchConfig, *, warehouse_url: str) -> list[dg.AssetsDefinition]:
     """One training asset per watch whose judge has a `model: learned` stage."""
     return [
-        _asset(config, watch.name)
+        _asset(config, watch.name, warehouse_url)
         for watch in config.watches
         if watch.judge is not None
         and any(judge.model == LEARNED_MODEL for judge in watch.judge.judges())
     ]
 
 
-def _asset(config: ChangewatchConfig, name: str) -> dg.AssetsDefinition:
+def _asset(config: ChangewatchConfig, name: str, warehouse_url: str) -> dg.AssetsDefinition:
     @dg.asset(
         name=f"learned_{name}",
         group_name="learning",
         kinds={"python"},
+        # It only reads the warehouse (labels, served verdicts), but no process can open a
+        # DuckDB file while another writes it: it takes the writers' slot like they do.
+        pool=warehouse_pool(warehouse_url, "learning", name),
         description=(
             f"Retrains watch {name}'s learned judge stage from its ratings, examples and served "
             "verdicts; a new model is used only if it scores no worse on held-out labels."

@@ -167,7 +167,7 @@ def build_definitions(
         delivery_jobs.append(deliver_job)
         schedules.append(debounce_schedule(debounces, deliver_job))
     # Only watches with a learned judge stage get one: the asset graph of others is unchanged.
-    assets += learned_assets(config)
+    assets += learned_assets(config, warehouse_url=url)
     maintenance_jobs = []
     if config.retention.enabled:
         assets.append(retention_asset(config, warehouse_url=url))

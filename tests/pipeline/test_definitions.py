@@ -448,6 +448,24 @@ def test_on_duckdb_every_warehouse_writer_shares_the_one_warehouse_pool(config_w
         assert set(pools.values()) == {WAREHOUSE_POOL}
 
 
+def test_a_learned_stage_s_training_asset_waits_for_the_warehouse_writers(tmp_path: Path):
+    """It only reads the warehouse, but a DuckDB file cannot be opened while another process
+    writes it: on DuckDB it shares the writers' one slot; on PostgreSQL a pool of its own."""
+    data = bundled()
+    data["watches"][0]["judge"] = [
+        {"condition": "Anything that matters.", "model": "learned"},
+        {"model": "m", "base_url": "http://127.0.0.1:9/v1", "when": "unsure"},
+    ]
+    config = load_config(write_config(tmp_path / "w.yaml", data))
+    name = f"learned_{config.watches[0].name}"
+    for url, pool in (
+        ("duckdb:///somewhere/warehouse.duckdb", WAREHOUSE_POOL),
+        ("postgresql://cw@db:5432/cw", f"warehouse/learning/{config.watches[0].name}"),
+    ):
+        defs = build_definitions(config, environ={WAREHOUSE_URL_ENV: url})
+        assert pools_by_asset(defs)[name] == pool, url
+
+
 def test_on_postgres_each_asset_has_its_own_pool_so_sources_sync_at_once(config_with_retention):
     for url in ("postgresql://cw@db:5432/cw?schema=watch", "postgresql+psycopg2://cw@db/cw"):
         defs = build_definitions(
