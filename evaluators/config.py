@@ -169,6 +169,14 @@ class JudgeConfig(_Model):
             "sure (default: the threshold chosen on held-out labels when it was trained)."
         ),
     )
+    retrain: str | None = Field(
+        default="0 3 * * *",
+        description=(
+            "`model: learned` only: a cron schedule (UTC) on which the stage retrains from "
+            "every label so far, as `changewatch train` does (the new model is used only if it "
+            "scores no worse on held-out labels); null: only `changewatch train` and the UI."
+        ),
+    )
     # A cascade: the judges asked after this one, in order, each about what the one before was
     # unsure of. `judge: [{...first...}, {model: ..., when: unsure}]` is the same written as
     # a list (evaluators/cascade.py).

@@ -19,7 +19,7 @@ from changewatch.pipeline.project.warehouse_resource import WarehouseResource, w
 from changewatch.pipeline.project.watches_file import ChangewatchConfig
 from dagster import AssetExecutionContext
 
-__all__ = ["learned_assets", "learned_stage", "train_watch"]
+__all__ = ["learned_assets", "learned_schedules", "learned_stage", "train_watch"]
 
 
 def learned_assets(config: ChangewatchConfig, *, warehouse_url: str) -> list[dg.AssetsDefinition]:
@@ -27,9 +27,14 @@ def learned_assets(config: ChangewatchConfig, *, warehouse_url: str) -> list[dg.
     return [
         _asset(config, watch.name, warehouse_url)
         for watch in config.watches
-        if watch.judge is not None
-        and any(judge.model == LEARNED_MODEL for judge in watch.judge.judges())
+        if _stage_of(watch) is not None
     ]
+
+
+def _stage_of(watch: Any) -> Any:
+    """The watch's judge config of model `learned`, or None."""
+    judges = watch.judge.judges() if watch.judge is not None else []
+    return next((judge for judge in judges if judge.model == LEARNED_MODEL), None)
 
 
 def _asset(config: ChangewatchConfig, name: str, warehouse_url: str) -> dg.AssetsDefinition:
@@ -56,14 +61,43 @@ def _asset(config: ChangewatchConfig, name: str, warehouse_url: str) -> dg.Asset
     return _train
 
 
+def learned_schedules(
+    config: ChangewatchConfig,
+) -> "tuple[list[dg.UnresolvedAssetJobDefinition], list[dg.ScheduleDefinition]]":
+    """A job and a running schedule per learned stage with a ``retrain`` cron: ratings change
+    what the watch sends without anyone running `changewatch train`."""
+    jobs, schedules = [], []
+    for watch in config.watches:
+        stage = _stage_of(watch)
+        if stage is None or stage.retrain is None:
+            continue
+        job = dg.define_asset_job(
+            f"train_{watch.name}",
+            selection=dg.AssetSelection.assets(f"learned_{watch.name}"),
+            executor_def=dg.in_process_executor,
+            description=f"Retrain watch {watch.name}'s learned judge stage.",
+        )
+        jobs.append(job)
+        schedules.append(
+            dg.ScheduleDefinition(
+                name=f"train_{watch.name}_schedule",
+                cron_schedule=stage.retrain,
+                execution_timezone="UTC",
+                job=job,
+                default_status=dg.DefaultScheduleStatus.RUNNING,
+                description=(
+                    f"Retrains watch {watch.name}'s learned stage on cron '{stage.retrain}' "
+                    "(UTC); a new model is used only if it scores no worse on held-out labels."
+                ),
+            )
+        )
+    return jobs, schedules
+
+
 def learned_stage(watch: Any) -> Any:
     """The watch's judge config of model `learned`; UsageError when it has none."""
-    from changewatch.evaluators.config import LEARNED_MODEL
-
-    judges = watch.judge.judges() if watch.judge is not None else []
-    for judge in judges:
-        if judge.model == LEARNED_MODEL:
-            return judge
+    if (stage := _stage_of(watch)) is not None:
+        return stage
     raise UsageError(
         f"watch {watch.name!r} has no learned stage: name it first in its judge "
         "(judge: [{model: learned, condition: ...}, {model: ..., when: unsure}])"

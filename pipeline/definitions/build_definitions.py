@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import dagster as dg
 from changewatch.pipeline.assets.batched_syncs import batched_sync_job
-from changewatch.pipeline.assets.learned_assets import learned_assets
+from changewatch.pipeline.assets.learned_assets import learned_assets, learned_schedules
 from changewatch.pipeline.assets.retention_assets import (
     retention_asset,
     retention_schedule,
@@ -168,7 +168,8 @@ def build_definitions(
         schedules.append(debounce_schedule(debounces, deliver_job))
     # Only watches with a learned judge stage get one: the asset graph of others is unchanged.
     assets += learned_assets(config, warehouse_url=url)
-    maintenance_jobs = []
+    maintenance_jobs, learning = learned_schedules(config)
+    schedules += learning
     if config.retention.enabled:
         assets.append(retention_asset(config, warehouse_url=url))
         retention_job, schedule = retention_schedule(config)

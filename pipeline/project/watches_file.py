@@ -23,7 +23,7 @@ from changewatch.channels.config import (
     FeedbackConfig,
     FileChannelConfig,
 )
-from changewatch.evaluators.config import Watch
+from changewatch.evaluators.config import LEARNED_MODEL, Watch
 from changewatch.evaluators.filters import (
     CompiledFilter,
     FilterError,
@@ -418,6 +418,13 @@ def _watch_problems(
             if name not in channels:
                 where = ("watches", i, "channels", j)
                 problems.append((where, _unknown("channel", name, channels)))
+        for k, judge in enumerate(watch.judge.judges() if watch.judge is not None else []):
+            if judge.model == LEARNED_MODEL and judge.retrain is not None and (
+                not is_valid_cron_string(judge.retrain)
+            ):
+                # The k-th judge of `judge: [...]`; written as a mapping, the line of `judge`.
+                message = f"{judge.retrain!r} is not a valid cron schedule"
+                problems.append((("watches", i, "judge", k, "retrain"), message))
         if all(name in sources for name in watch.sources):
             problems += _template_problems(config, i, watch)
             try:

@@ -361,3 +361,43 @@ def test_debounce_is_a_duration_and_brings_a_delivery_schedule(
     assert result.success
     [materialization] = result.asset_materializations_for_node("notifications")
     assert {"debounce_released", "debounce_suppressed", "sent"} <= set(materialization.metadata)
+
+
+LEARNED_WATCH = """\
+watches:
+  - name: drops
+    source: demo_issues
+    judge:
+      - condition: A price dropped.
+        model: learned
+"""
+
+
+def test_a_learned_stage_retrains_on_its_schedule_and_a_bad_cron_is_named(
+    tmp_path: Path,
+) -> None:
+    """Ratings change what is sent without anyone running `changewatch train`: a running
+    schedule (03:00 UTC unless `retrain:` says otherwise) materializes learned_<watch>."""
+    from changewatch.pipeline.definitions.build_definitions import build_definitions
+
+    def schedules(text: str) -> list[dg.ScheduleDefinition]:
+        defs = build_definitions(load_config(write(tmp_path, text)), environ={})
+        assert [a.key.to_user_string() for a in defs.assets if  # type: ignore[union-attr]
+                a.key.to_user_string().startswith("learned_")] == ["learned_drops"]
+        found = [s for s in defs.schedules if s.name == "train_drops_schedule"]
+        for schedule in found:
+            job = defs.resolve_job_def(schedule.job_name)
+            assert list(job.graph.node_dict) == ["learned_drops"]
+        return found
+
+    (daily,) = schedules(LEARNED_WATCH)
+    assert (daily.cron_schedule, daily.execution_timezone) == ("0 3 * * *", "UTC")
+    assert daily.default_status == dg.DefaultScheduleStatus.RUNNING
+    (weekly,) = schedules(LEARNED_WATCH + "        retrain: '30 4 * * 1'\n")
+    assert weekly.cron_schedule == "30 4 * * 1"
+    # null: trained only by `changewatch train` and the UI; the asset stays.
+    assert schedules(LEARNED_WATCH + "        retrain: null\n") == []
+    path = write(tmp_path, LEARNED_WATCH + "        retrain: nightly\n")
+    assert problem(path) == (
+        f"{path}:24: watches[0].judge[0].retrain: 'nightly' is not a valid cron schedule"
+    )
