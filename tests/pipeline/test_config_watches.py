@@ -393,6 +393,9 @@ def test_a_learned_stage_retrains_on_its_schedule_and_a_bad_cron_is_named(
     (daily,) = schedules(LEARNED_WATCH)
     assert (daily.cron_schedule, daily.execution_timezone) == ("0 3 * * *", "UTC")
     assert daily.default_status == dg.DefaultScheduleStatus.RUNNING
+    with dg.instance_for_test() as instance:  # a tick asks for one run of the training job
+        tick = daily.evaluate_tick(dg.build_schedule_context(instance=instance))
+    assert [r.job_name or daily.job_name for r in tick.run_requests or []] == ["train_drops"]
     (weekly,) = schedules(LEARNED_WATCH + "        retrain: '30 4 * * 1'\n")
     assert weekly.cron_schedule == "30 4 * * 1"
     # null: trained only by `changewatch train` and the UI; the asset stays.
